@@ -1,0 +1,37 @@
+# Every target sets up what it needs in .venv, so a fresh machine with only Python and pip works.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SCALE ?= default
+PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
+
+.PHONY: setup test test-thorough bench reproduce lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	# torch first and exactly: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,paper,dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=ci $(PYTEST) -n 2 -m "not slow" tests
+
+test-thorough: $(STAMP)
+	HYPOTHESIS_PROFILE=thorough $(PYTEST) -n 2 tests
+
+bench: $(STAMP)
+	$(BIN)/python -m prefixcache.experiments.bench
+
+reproduce: $(STAMP)
+	$(BIN)/python -m prefixcache reproduce --scale $(SCALE) $(if $(FORCE),--force,)
+
+lint: $(STAMP)
+	$(BIN)/ruff check prefixcache backends kernels experiments tests
+	$(BIN)/mypy prefixcache backends
+
+clean:
+	rm -rf $(VENV) results .hypothesis

@@ -1,0 +1,1 @@
+"""Prefix-cache backends (installed as ``prefixcache.backends``); each knows nothing of the others."""

@@ -1,0 +1,1 @@
+"""The research layer: workloads, traces, metrics, the CLI and the figure scripts."""

@@ -1,0 +1,1 @@
+"""The Triton paged-attention kernel and its PyTorch reference (``prefixcache.kernels``)."""

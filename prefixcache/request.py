@@ -1,0 +1,130 @@
+"""A request as every backend sees it: tokens (prompt, then appended output) and namespaces."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from typing import NamedTuple
+
+
+class MultiModalSpan(NamedTuple):
+    """A multimodal item occupying ``length`` placeholder tokens from ``offset`` in the prompt.
+
+    ``identifier`` is the item's content hash: equal placeholder tokens of different images must
+    not share KV, so both backends fold it into their keys.
+    """
+
+    identifier: str
+    offset: int
+    length: int
+
+
+def _check_token_ids(token_ids: Iterable[object], what: str) -> list[int]:
+    out: list[int] = []
+    for i, t in enumerate(token_ids):
+        # numpy integers are accepted; bools and floats are not token ids.
+        if isinstance(t, bool) or not hasattr(t, "__index__"):
+            raise ValueError(f"{what}[{i}] = {t!r} is not an integer token id")
+        t = int(t)  # type: ignore[call-overload]
+        if t < 0:
+            raise ValueError(f"{what}[{i}] = {t} is negative; token ids are >= 0")
+        out.append(t)
+    return out
+
+
+class Request:
+    """One request's tokens and cache namespace.
+
+    Tokens are append-only: the prompt is fixed at creation and output tokens are appended
+    (``append_output_token_ids``). That is what makes per-request memos (vLLM's incremental
+    block hashes) valid forever: a full block never changes once its tokens exist.
+
+    ``num_computed_tokens`` is the number of leading tokens whose KV is in the cache. The first
+    successful ``PrefixCache.allocate`` sets it to the hit; the engine advances it after the
+    model wrote new KV and resets it to 0 on preemption (as vLLM's scheduler does).
+    """
+
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "lora_name",
+        "cache_salt",
+        "mm_hashes",
+        "num_computed_tokens",
+        "num_preemptions",
+        "arrival_time",
+        "max_new_tokens",
+        "_all_token_ids",
+        "memo",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        mm_hashes: Iterable[tuple[str, int, int]] = (),
+        arrival_time: float = 0.0,
+        max_new_tokens: int = 0,
+    ) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        tokens = _check_token_ids(prompt_token_ids, "prompt_token_ids")
+        if not tokens:
+            raise ValueError(f"request {request_id!r} has an empty prompt")
+        for name, value in (("lora_name", lora_name), ("cache_salt", cache_salt)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be None or a non-empty str, got {value!r}")
+        spans = tuple(MultiModalSpan(*s) for s in mm_hashes)
+        for s in sorted(spans, key=lambda s: s.offset):
+            if s.offset < 0 or s.length <= 0 or s.offset + s.length > len(tokens):
+                raise ValueError(
+                    f"multimodal span {s} does not fit in the {len(tokens)}-token prompt"
+                )
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        self.request_id = request_id
+        self.prompt_token_ids: tuple[int, ...] = tuple(tokens)
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self.mm_hashes: tuple[MultiModalSpan, ...] = tuple(sorted(spans, key=lambda s: s.offset))
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.arrival_time = float(arrival_time)
+        self.max_new_tokens = max_new_tokens
+        self._all_token_ids: list[int] = tokens
+        # Per-backend memos keyed by the owner (e.g. a block hasher); see the class docstring.
+        self.memo: dict[Hashable, object] = {}
+
+    @property
+    def all_token_ids(self) -> Sequence[int]:
+        """Prompt then output tokens. Read-only view: append through the method below."""
+        return self._all_token_ids
+
+    @property
+    def output_token_ids(self) -> Sequence[int]:
+        return self._all_token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._all_token_ids) - len(self.prompt_token_ids)
+
+    def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        if isinstance(token_ids, int) and not isinstance(token_ids, bool):
+            token_ids = (token_ids,)
+        self._all_token_ids.extend(_check_token_ids(token_ids, "output_token_ids"))  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, "
+            f"output={self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )

@@ -1,0 +1,50 @@
+"""Test helpers shared by the suites."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from prefixcache import CacheConfig, PrefixCache, Request, make_cache
+
+
+class Checked:
+    """Wraps a cache so that ``check_invariants()`` runs after every call that can change it."""
+
+    _MUTATING = {"lookup", "allocate", "commit", "release", "evict", "reset", "page_table"}
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+        cache.check_invariants()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.cache, name)
+        if name not in self._MUTATING:
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.cache.check_invariants()
+
+        return call
+
+
+def checked(name: str, capacity_tokens: int = 1024, page_size: int = 16, **options: Any) -> Any:
+    return Checked(make_cache(name, CacheConfig(capacity_tokens, page_size), **options))
+
+
+def run_to_completion(cache: Any, req: Request) -> int:
+    """Admit, prefill in one chunk, commit and release; returns the hit."""
+    assert cache.allocate(req, req.num_tokens - cache.lookup(req))
+    hit = req.num_computed_tokens
+    req.num_computed_tokens = req.num_tokens
+    cache.commit(req)
+    cache.release(req)
+    return hit
+
+
+def tokens(n: int, seed: int = 0, vocab: int = 50_000) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(n)]
