@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 test: $(STAMP)
-	HYPOTHESIS_PROFILE=ci $(PYTEST) -n 2 -m "not slow" tests
+	HYPOTHESIS_PROFILE=ci $(PYTEST) -n 2 -m "not slow" --ignore=tests/bench tests
 
 test-thorough: $(STAMP)
-	HYPOTHESIS_PROFILE=thorough $(PYTEST) -n 2 tests
+	HYPOTHESIS_PROFILE=thorough $(PYTEST) -n 2 --ignore=tests/bench tests
 
 bench: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.bench
