@@ -1,0 +1,306 @@
+"""The engine: admission -> chunked prefill under a token budget -> decode -> release.
+
+It drives a cache only through the PrefixCache contract, the way vLLM v1's scheduler drives
+its KVCacheManager, so both backends see exactly the same calls:
+
+- Running requests are served first, in order; each gets ``min(tokens left, budget)`` new
+  tokens (a prefill chunk, or 1 when decoding). If the cache has no room, the *last* running
+  request is preempted (released, ``num_computed_tokens = 0``, ``num_preemptions += 1``) and put
+  at the front of the waiting queue, until the room is there or the request preempted itself.
+- Waiting requests are admitted in the scheduler's order only if nothing was preempted this
+  step (vLLM does the same); admission stops at the first request that does not fit.
+- After the step the engine advances ``num_computed_tokens`` and calls ``commit``. A request
+  whose known tokens are all computed emits one output token (the planned one, a seeded
+  pseudo-random one, or the model's argmax) until ``max_new_tokens``; then it is released.
+
+With ``model=None`` this is a cache-level simulator; with a ``prefixcache.model.Model`` it
+computes real KV. The clock is simulated (``CostModel``); when nothing runs it jumps to the
+next arrival. Per-request ``RequestRecord``s are what the research layer analyses.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+import zlib
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prefixcache.interface import PrefixCache
+from prefixcache.request import Request
+from prefixcache.scheduler import Scheduler, make_scheduler
+
+# A workload may plan a request's output tokens (so that the next turn of a conversation
+# repeats them) by storing them in ``req.memo[PLANNED_OUTPUT]``.
+PLANNED_OUTPUT = "planned_output_ids"
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Simulated seconds per engine step: ``step_overhead_s + prefill_token_s * prefill tokens
+    + decode_token_s * decode tokens``.
+
+    Defaults are rough figures for an 8B model on one H100-class GPU (about 20k prefill
+    tokens/s, 5 ms to stream the weights once per step). Attention over the cached context is
+    not charged: this model compares how much prefill a cache saves, not kernel speed.
+    """
+
+    step_overhead_s: float = 0.005
+    prefill_token_s: float = 5e-5
+    decode_token_s: float = 2e-5
+
+    def step_time(self, prefill_tokens: int, decode_tokens: int) -> float:
+        prefill = self.prefill_token_s * prefill_tokens
+        return self.step_overhead_s + prefill + self.decode_token_s * decode_tokens
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request. Times are simulated seconds, steps engine step numbers."""
+
+    request_id: str
+    arrival_time: float
+    prompt_tokens: int
+    max_new_tokens: int
+    admission_step: int | None = None
+    admission_time: float | None = None
+    hit_tokens: int = 0  # reused at first admission (resumptions are not hits of the workload)
+    computed_prefill_tokens: int = 0  # KV computed in prefill, recomputation after preemption included
+    output_tokens: int = 0
+    preemptions: int = 0
+    evicted_tokens: int = 0  # cached tokens the cache evicted to make room for this request
+    first_token_step: int | None = None
+    first_token_time: float | None = None
+    finish_step: int | None = None
+    finish_time: float | None = None
+    cache_op_ns: int = 0  # wall time inside cache calls made for this request
+    rejected: bool = False  # could never fit in the cache; never admitted
+
+
+class Engine:
+    """Steps requests through a PrefixCache; see the module docstring for the policy."""
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        scheduler: Scheduler | str = "fcfs",
+        token_budget: int = 2048,
+        model: Any | None = None,
+        *,
+        max_num_seqs: int = 256,
+        cost_model: CostModel | None = None,
+        seed: int = 0,
+        vocab_size: int = 32_000,
+        check_invariants: bool = False,
+    ) -> None:
+        for name, value in (("token_budget", token_budget), ("max_num_seqs", max_num_seqs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.cache = cache
+        self.scheduler = make_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
+        self.token_budget = token_budget
+        self.model = model
+        self.max_num_seqs = max_num_seqs
+        self.cost_model = cost_model or CostModel()
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.check_invariants = check_invariants
+        self.records: dict[str, RequestRecord] = {}
+        self.pending: list[tuple[float, int, Request]] = []  # heap: not yet arrived
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._in_prefill: set[str] = set()
+        self.clock = 0.0
+        self.step_count = 0
+        self.num_finished = 0
+        self.peak_pages_in_use = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self._added = 0
+
+    # ---------------------------------------------------------------- requests in
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.records:
+            raise ValueError(f"request id {req.request_id!r} was already added")
+        rec = RequestRecord(req.request_id, req.arrival_time, req.num_prompt_tokens, req.max_new_tokens)
+        self.records[req.request_id] = rec
+        # The longest reservation is the prompt plus every output token but the last (whose
+        # KV is never computed); a request that can never fit is rejected, as vLLM does.
+        if req.num_prompt_tokens + max(req.max_new_tokens - 1, 0) > self.cache.config.usable_tokens:
+            rec.rejected = True
+            self.num_finished += 1
+            return
+        heapq.heappush(self.pending, (req.arrival_time, self._added, req))
+        self._added += 1
+
+    def has_unfinished(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+    def run(self, requests: Iterable[Request] = (), *, progress: bool = False) -> list[RequestRecord]:
+        """Add ``requests`` and step until every request has finished; returns the records."""
+        from tqdm.auto import tqdm
+
+        for r in requests:
+            self.add_request(r)
+        with tqdm(total=len(self.records), disable=not progress, unit="req", leave=False) as bar:
+            bar.update(self.num_finished)
+            idle = 0
+            while self.has_unfinished():
+                before = self.num_finished
+                idle = idle + 1 if self.step() == 0 else 0
+                if idle > 2:
+                    raise RuntimeError(f"engine made no progress at step {self.step_count}: {self.waiting!r}")
+                bar.update(self.num_finished - before)
+        return list(self.records.values())
+
+    # ---------------------------------------------------------------- one step
+    def step(self) -> int:
+        """Run one engine step; returns the number of tokens computed in it."""
+        self._move_arrivals()
+        if not self.running and not self.waiting and self.pending:
+            self.clock = max(self.clock, self.pending[0][0])  # idle: jump to the next arrival
+            self._move_arrivals()
+        budget = self.token_budget
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self._allocate(req, n):
+                victim = self.running.pop()  # the latest admitted goes first, as in vLLM
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                scheduled.append((req, n))
+                budget -= n
+                i += 1
+        if not preempted and self.waiting and budget > 0:
+            budget = self._admit_waiting(budget, scheduled)
+        self.peak_pages_in_use = max(self.peak_pages_in_use, self.cache.usage().in_use)
+        if not scheduled:
+            return 0
+        self._execute(scheduled)
+        if self.check_invariants:
+            self.cache.check_invariants()
+        return self.token_budget - budget
+
+    def _admit_waiting(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        plan = self.scheduler.schedule(list(self.waiting), self._lookup)
+        admitted: set[str] = set()
+        for req in plan.order:
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if admitted and req.request_id in plan.held_back:
+                continue  # its prefix is being computed by a request admitted this step
+            n = min(req.num_tokens - self._lookup(req), budget)
+            if not self._allocate(req, n):
+                break
+            rec = self.records[req.request_id]
+            if rec.admission_step is None:
+                rec.admission_step, rec.admission_time = self.step_count, self.clock
+                rec.hit_tokens = req.num_computed_tokens
+            self.running.append(req)
+            self._in_prefill.add(req.request_id)
+            scheduled.append((req, n))
+            admitted.add(req.request_id)
+            budget -= n
+        if admitted:
+            self.waiting = deque(r for r in self.waiting if r.request_id not in admitted)
+        return budget
+
+    def _execute(self, scheduled: list[tuple[Request, int]]) -> None:
+        next_tokens = self._run_model(scheduled) if self.model is not None else None
+        prefill = decode = 0
+        for req, n in scheduled:
+            if req.request_id in self._in_prefill:
+                prefill += n
+                self.records[req.request_id].computed_prefill_tokens += n
+            else:
+                decode += n
+            req.num_computed_tokens += n
+            self._timed(req, self.cache.commit)
+        self.step_count += 1
+        self.clock += self.cost_model.step_time(prefill, decode)
+        self.prefill_tokens += prefill
+        self.decode_tokens += decode
+        for idx, (req, _) in enumerate(scheduled):
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # mid-prefill: no token yet
+            self._in_prefill.discard(req.request_id)
+            rec = self.records[req.request_id]
+            if req.num_output_tokens < req.max_new_tokens:
+                token = next_tokens[idx] if next_tokens is not None else self._simulated_token(req)
+                req.append_output_token_ids(token)
+                rec.output_tokens = req.num_output_tokens
+                if rec.first_token_step is None:
+                    rec.first_token_step, rec.first_token_time = self.step_count, self.clock
+            if req.num_output_tokens >= req.max_new_tokens:
+                self._finish(req)
+
+    # ---------------------------------------------------------------- helpers
+    def _move_arrivals(self) -> None:
+        while self.pending and self.pending[0][0] <= self.clock:
+            self.waiting.append(heapq.heappop(self.pending)[2])
+
+    def _timed(self, req: Request, op: Any, *args: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        try:
+            return op(req, *args)
+        finally:
+            self.records[req.request_id].cache_op_ns += time.perf_counter_ns() - t0
+
+    def _lookup(self, req: Request) -> int:
+        return int(self._timed(req, self.cache.lookup))
+
+    def _allocate(self, req: Request, n: int) -> bool:
+        evicted = self.cache.stats.evicted_tokens
+        ok = bool(self._timed(req, self.cache.allocate, n))
+        self.records[req.request_id].evicted_tokens += self.cache.stats.evicted_tokens - evicted
+        return ok
+
+    def _preempt(self, req: Request) -> None:
+        self._timed(req, self.cache.release)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.records[req.request_id].preemptions += 1
+        self._in_prefill.discard(req.request_id)
+        self.waiting.appendleft(req)
+
+    def _finish(self, req: Request) -> None:
+        self._timed(req, self.cache.release)
+        self.running.remove(req)
+        rec = self.records[req.request_id]
+        rec.finish_step, rec.finish_time = self.step_count, self.clock
+        if rec.first_token_step is None:  # max_new_tokens == 0: prefill only
+            rec.first_token_step, rec.first_token_time = self.step_count, self.clock
+        self.num_finished += 1
+
+    def _simulated_token(self, req: Request) -> int:
+        """The planned token if the workload planned one, else a seeded pseudo-random token
+        that depends only on (seed, request id, position), so every backend sees the same."""
+        planned = req.memo.get(PLANNED_OUTPUT)
+        k = req.num_output_tokens
+        if isinstance(planned, (list, tuple)) and k < len(planned):
+            return int(planned[k])
+        base = zlib.crc32(req.request_id.encode()) << 32
+        x = (base ^ (self.seed + (k + 1) * 0x9E3779B97F4A7C15)) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64  # splitmix64 finaliser
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return (x ^ (x >> 31)) % self.vocab_size
+
+    def _run_model(self, scheduled: list[tuple[Request, int]]) -> list[int]:
+        from prefixcache.model import SeqChunk  # model mode only: torch stays out of simulation
+
+        chunks = []
+        for req, n in scheduled:
+            start = req.num_computed_tokens
+            table = self._timed(req, self.cache.page_table)
+            chunks.append(SeqChunk(list(req.all_token_ids[start : start + n]), start, table))
+        logits = self.model.step(chunks)  # type: ignore[union-attr]  # [B, vocab]
+        return [int(t) for t in logits.argmax(dim=-1).tolist()]

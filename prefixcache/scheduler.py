@@ -1,0 +1,172 @@
+"""Waiting-queue policies: which waiting request the engine tries to admit first.
+
+A policy only orders the queue; the engine does the admitting (token budget, room in the
+cache, preemption). Policies reach the cache through a ``lookup`` callable (the engine's,
+which times it), never through a backend's internals, so every policy works on every backend.
+
+- ``fcfs``: arrival order, preempted requests first (vLLM's default).
+- ``lpm``: longest cached prefix first, with SGLang's in-batch prefix dedup; FCFS when more
+  than 128 requests wait (SGLang turns the sort off there because matching is expensive).
+- ``dfs-weight``: depth-first over a token trie of the waiting requests, heavier subtrees
+  first, so requests that share a prefix run back to back (SGLang's ``dfs-weight``; SGLang
+  walks its radix tree, we walk a trie of the waiting requests themselves, which needs no
+  backend internals and orders the same way for requests that hit the same cached node).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import ClassVar, NamedTuple
+
+import numpy as np
+
+from prefixcache.request import Request
+
+Lookup = Callable[[Request], int]
+
+# SGLang's schedule_policy.py: a request whose cache match is at most CHECK_THRESHOLD tokens is
+# matched against the other waiting requests; sharing at least DEPRIORITIZE_THRESHOLD tokens
+# with one that goes first deprioritizes it (its prefix will be cached once that one has run).
+IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD = 32
+IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD = 32
+# SGLang's _determine_active_policy: above this many waiting requests lpm falls back to FCFS.
+LPM_FALLBACK_QUEUE_LEN = 128
+
+
+class Schedule(NamedTuple):
+    """The waiting queue in admission order, and the ids to hold back this step.
+
+    A held-back request is admitted only in a step where no other request was admitted
+    before it, so it never waits forever.
+    """
+
+    order: list[Request]
+    held_back: frozenset[str]
+
+
+class Scheduler(ABC):
+    """Orders the waiting queue once per engine step."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
+        """``waiting`` is in queue order (preempted requests at the front, then arrival)."""
+
+
+def _namespace(req: Request) -> tuple[str | None, str | None]:
+    # Equal tokens under another LoRA or salt share nothing, in either backend.
+    return (req.lora_name, req.cache_salt)
+
+
+class FCFS(Scheduler):
+    name = "fcfs"
+
+    def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
+        return Schedule(list(waiting), frozenset())
+
+
+class LongestPrefixMatch(Scheduler):
+    name = "lpm"
+
+    def __init__(
+        self,
+        check_threshold: int = IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD,
+        deprioritize_threshold: int = IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD,
+        fallback_queue_len: int = LPM_FALLBACK_QUEUE_LEN,
+    ) -> None:
+        self.check_threshold = check_threshold
+        self.deprioritize_threshold = deprioritize_threshold
+        self.fallback_queue_len = fallback_queue_len
+
+    def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
+        if len(waiting) > self.fallback_queue_len:
+            return Schedule(list(waiting), frozenset())
+        hits: dict[str, int] = {}
+        deprioritized: set[str] = set()
+        # SGLang matches against a simulated radix tree of the waiting requests seen so far and
+        # only asks whether the match reaches the threshold: a set of first-k-token keys
+        # answers exactly that question in O(1).
+        k = self.deprioritize_threshold
+        seen: set[tuple[object, ...]] = set()
+        for r in waiting:
+            hit = lookup(r)
+            hits[r.request_id] = hit
+            if hit > self.check_threshold:
+                continue
+            key = (_namespace(r), tuple(r.all_token_ids[:k]))
+            if r.num_tokens >= k and key in seen:
+                deprioritized.add(r.request_id)
+            else:
+                seen.add(key)
+        # Stable sort: equal matches keep queue order (FCFS among equals).
+        order = sorted(
+            waiting,
+            key=lambda r: (r.request_id in deprioritized, -hits[r.request_id]),
+        )
+        return Schedule(order, frozenset(deprioritized))
+
+
+class DFSWeight(Scheduler):
+    name = "dfs-weight"
+
+    def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
+        if len(waiting) <= 1:
+            return Schedule(list(waiting), frozenset())
+        return Schedule(dfs_weight_order(waiting), frozenset())
+
+
+def dfs_weight_order(reqs: Sequence[Request]) -> list[Request]:
+    """Depth-first over the token trie of ``reqs``; at each branch the child holding more
+    requests goes first (ties: the one whose earliest request is earlier in the queue)."""
+    # Sorting the sequences makes every trie subtree a contiguous run; adjacent common-prefix
+    # lengths (lcp[i] between items i-1 and i) then give the branch depths.
+    keyed = sorted(range(len(reqs)), key=lambda i: (_namespace(reqs[i]), tuple(reqs[i].all_token_ids)))
+    seqs = [np.asarray(reqs[i].all_token_ids, dtype=np.int64) for i in keyed]
+    lcp = [0] * len(keyed)
+    for i in range(1, len(keyed)):
+        if _namespace(reqs[keyed[i]]) == _namespace(reqs[keyed[i - 1]]):
+            lcp[i] = _common_prefix(seqs[i - 1], seqs[i])
+        else:
+            lcp[i] = -1  # different namespaces split at the root
+
+    out: list[int] = []
+    stack = [(0, len(keyed))]  # subtrees [lo, hi) still to visit; explicit, as chains run deep
+    while stack:
+        lo, hi = stack.pop()
+        if hi - lo == 1:
+            out.append(keyed[lo])
+            continue
+        depth = min(lcp[lo + 1 : hi])
+        runs: list[tuple[int, int]] = []
+        start = lo
+        for i in range(lo + 1, hi):
+            if lcp[i] == depth:
+                runs.append((start, i))
+                start = i
+        runs.append((start, hi))
+        runs.sort(key=lambda run: (-(run[1] - run[0]), min(keyed[run[0] : run[1]])))
+        stack.extend(reversed(runs))  # heaviest child popped first
+    return [reqs[i] for i in out]
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+SCHEDULERS: dict[str, type[Scheduler]] = {s.name: s for s in (FCFS, LongestPrefixMatch, DFSWeight)}
+
+
+def available_schedulers() -> list[str]:
+    return sorted(SCHEDULERS)
+
+
+def make_scheduler(name: str) -> Scheduler:
+    """Build scheduler ``name``; an unknown name raises ValueError listing the valid ones."""
+    try:
+        return SCHEDULERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown scheduler {name!r}; valid: {', '.join(available_schedulers())}") from None
