@@ -1,0 +1,195 @@
+"""Lifecycle hunting through the common interface, with a shadow KV model.
+
+Many requests interleave lookup / allocate (failures included) / compute+commit / decode /
+release / preemption / evict / reset. The shadow model records, for every physical KV slot,
+which token prefix's KV was last written into it (KV at position p depends on the namespace and
+tokens 0..p). After every step:
+
+* ``check_invariants()`` holds;
+* every live request's computed positions still hold its own KV (pinned pages are never
+  evicted, reused or overwritten);
+* every hit hands back slots holding exactly the request's own prefix: no data lost or corrupted.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+
+from prefixcache import CacheConfig, PrefixCache, Request, available_backends, make_cache
+from tests.strategies import NAMESPACES
+
+VOCAB = 3
+STEPS: dict[str, int] = {}  # steps run per backend, reported at the end of the session
+
+
+class ShadowKV:
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.slots: dict[int, tuple] = {}
+
+    @staticmethod
+    def content(req: Request, pos: int) -> tuple:
+        return (req.cache_salt, req.lora_name, tuple(req.all_token_ids[: pos + 1]))
+
+    def slot(self, table: list[int], pos: int) -> int:
+        return table[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def write(self, cache: PrefixCache, req: Request, start: int, stop: int) -> None:
+        table = cache.page_table(req)
+        for pos in range(start, stop):
+            self.slots[self.slot(table, pos)] = self.content(req, pos)
+
+    def check(self, cache: PrefixCache, req: Request, stop: int, what: str) -> None:
+        table = cache.page_table(req)
+        assert 0 not in table, f"{req.request_id}: page 0 handed out"
+        for pos in range(stop):
+            got = self.slots.get(self.slot(table, pos))
+            assert got == self.content(req, pos), (
+                f"{what}: {req.request_id} position {pos} reads KV of {got}, expected its own prefix"
+            )
+
+
+class CacheLifecycle(RuleBasedStateMachine):
+    backend = "none"
+    page_size = 4
+    capacity_pages = 12
+
+    waiting = Bundle("waiting")
+
+    @initialize(seed=st.integers(0, 2**16))
+    def setup(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.cache = make_cache(self.backend, CacheConfig(self.capacity_pages * self.page_size, self.page_size))
+        self.shadow = ShadowKV(self.page_size)
+        self.live_reqs: dict[str, Request] = {}
+        self.corpus: list[tuple[int, ...]] = []
+        self.counter = 0
+
+    def _snapshot(self) -> tuple:
+        c = self.cache
+        return (
+            c.usage(),
+            {r.request_id: (tuple(c.page_table(r)), r.num_computed_tokens) for r in c.live_requests},
+            (c.stats.requests, c.stats.queries, c.stats.hits),
+        )
+
+    def _compute(self, req: Request, n: int) -> None:
+        """The model writes the KV of the next n tokens; the engine advances and commits."""
+        self.shadow.write(self.cache, req, req.num_computed_tokens, req.num_computed_tokens + n)
+        req.num_computed_tokens += n
+        self.cache.commit(req)
+
+    @rule(
+        target=waiting,
+        share=st.integers(0, 24),
+        suffix=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),
+        ns=st.sampled_from(NAMESPACES),
+    )
+    def new_request(self, share: int, suffix: list[int], ns: tuple) -> Request:
+        base = self.rng.choice(self.corpus) if self.corpus else ()
+        tokens = base[:share] + tuple(suffix)
+        self.corpus.append(tokens)
+        self.counter += 1
+        return Request(f"r{self.counter}", tokens, cache_salt=ns[0], lora_name=ns[1])
+
+    @rule(target=waiting, req=consumes(waiting), chunk=st.integers(1, 64))
+    def admit(self, req: Request, chunk: int):  # -> what goes back to the waiting queue
+        hit = self.cache.lookup(req)
+        assert 0 <= hit <= req.num_tokens - 1
+        n = min(chunk, req.num_tokens - hit)
+        if -(-(hit + n) // self.page_size) > self.capacity_pages - 1:
+            return multiple()  # can never fit: dropped (the contract tests check its ValueError)
+        before = self._snapshot()
+        if not self.cache.allocate(req, n):
+            assert self._snapshot() == before, "a failed allocate changed the cache"
+            assert not self.cache.is_live(req)
+            return multiple(req)  # stays waiting
+        assert req.num_computed_tokens == hit
+        self.shadow.check(self.cache, req, hit, "hit")
+        self._compute(req, n)
+        self.live_reqs[req.request_id] = req
+        return multiple()
+
+    @precondition(lambda self: self.live_reqs)
+    @rule(data=st.data(), chunk=st.integers(1, 16))
+    def step(self, data: st.DataObject, chunk: int) -> None:
+        """Next prefill chunk, or one decode token once the prompt is done."""
+        req = self.live_reqs[data.draw(st.sampled_from(sorted(self.live_reqs)))]
+        if req.num_computed_tokens == req.num_tokens:
+            req.append_output_token_ids(self.rng.randrange(VOCAB))
+            chunk = 1
+        n = min(chunk, req.num_tokens - req.num_computed_tokens)
+        if -(-(req.num_computed_tokens + n) // self.page_size) > self.capacity_pages - 1:
+            return
+        before = self._snapshot()
+        if self.cache.allocate(req, n):
+            self._compute(req, n)
+        else:
+            assert self._snapshot() == before, "a failed extend changed the cache"
+
+    @precondition(lambda self: self.live_reqs)
+    @rule(target=waiting, data=st.data(), preempt=st.booleans())
+    def release(self, data: st.DataObject, preempt: bool):  # -> a preempted request waits again
+        req = self.live_reqs.pop(data.draw(st.sampled_from(sorted(self.live_reqs))))
+        self.cache.release(req)
+        assert not self.cache.is_live(req)
+        self.corpus.append(tuple(req.all_token_ids))
+        if not preempt:
+            return multiple()
+        # The engine's part of a preemption: recompute later (mostly hitting its own KV).
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        return multiple(req)
+
+    @rule(num_tokens=st.integers(0, 64))
+    def evict(self, num_tokens: int) -> None:
+        in_use = self.cache.usage().in_use
+        freed = self.cache.evict(num_tokens)
+        assert freed >= 0
+        assert self.cache.usage().in_use == in_use, "evict touched pinned pages"
+
+    @rule()
+    def reset(self) -> None:
+        before = self._snapshot()
+        if self.cache.reset():
+            assert not self.live_reqs
+            assert self.cache.usage().evictable == 0
+        else:
+            assert self.live_reqs and self._snapshot() == before
+
+    @invariant()
+    def consistent(self) -> None:
+        if not hasattr(self, "cache"):
+            return
+        STEPS[self.backend] = STEPS.get(self.backend, 0) + 1
+        self.cache.check_invariants()
+        for req in self.live_reqs.values():
+            assert self.cache.is_live(req)
+            self.shadow.check(self.cache, req, req.num_computed_tokens, "live request")
+
+
+def machine_for(backend: str, page_size: int) -> type[CacheLifecycle]:
+    return type(f"Lifecycle_{backend}_p{page_size}", (CacheLifecycle,), {"backend": backend, "page_size": page_size})
+
+
+CASES = [(b, p) for b in available_backends() for p in ((1, 4) if b == "radix" else (4,))]
+
+
+@pytest.mark.parametrize("backend, page_size", CASES)
+def test_lifecycle_keeps_invariants_and_never_corrupts_kv(backend: str, page_size: int) -> None:
+    STEPS.pop(backend, None)
+    machine_for(backend, page_size).TestCase().runTest()
+    print(f"stateful steps run: backend={backend} page_size={page_size} steps={STEPS.get(backend, 0)}")
