@@ -1,0 +1,327 @@
+"""``BlockPool``: allocates, frees, caches and evicts KV blocks (vLLM ``block_pool.py``).
+
+A cached block is a full block registered in ``cached_block_hash_to_block``. It stays a valid
+hit after its last user frees it (it then sits in the free queue) until it is popped for reuse:
+eviction is lazy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue
+from prefixcache.backends.hashchain.hashing import (
+    BlockHash,
+    BlockHashWithGroupId,
+    make_block_hash_with_group_id,
+)
+
+from prefixcache.interface import ensure
+
+
+class BlockHashToBlockMap:
+    """key -> one block, or {block_id: block} when several physical blocks hold it.
+
+    No de-duplication: block tables stay append-only (a block id once handed to a request is
+    never rewritten), so two requests that computed the same block both keep theirs.
+    """
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[BlockHashWithGroupId, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+
+    def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
+        """The first inserted block under ``key`` (dicts keep insertion order)."""
+        entry = self._cache.get(key)
+        if entry is None or isinstance(entry, KVCacheBlock):
+            return entry
+        return next(iter(entry.values()))
+
+    def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
+        entry = self._cache.get(key)
+        if entry is None:
+            self._cache[key] = block
+        elif isinstance(entry, KVCacheBlock):
+            self._cache[key] = {entry.block_id: entry, block.block_id: block}
+        else:
+            entry[block.block_id] = block
+
+    def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
+        """Remove only block ``block_id`` from ``key``; None if it is not there."""
+        entry = self._cache.get(key)
+        if entry is None:
+            return None
+        if isinstance(entry, KVCacheBlock):
+            if entry.block_id != block_id:
+                return None
+            del self._cache[key]
+            return entry
+        block = entry.pop(block_id, None)
+        if not entry:
+            del self._cache[key]
+        elif len(entry) == 1:
+            self._cache[key] = next(iter(entry.values()))
+        return block
+
+    def items(self) -> Iterator[tuple[BlockHashWithGroupId, KVCacheBlock]]:
+        """Every (key, block) pair, duplicates included."""
+        for key, entry in self._cache.items():
+            if isinstance(entry, KVCacheBlock):
+                yield key, entry
+            else:
+                for block in entry.values():
+                    yield key, block
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+class BlockPool:
+    """``num_gpu_blocks`` blocks; block 0 is the null block, so ``num_gpu_blocks - 1`` usable.
+
+    ``unhashed_first`` is our ablation switch (vLLM: always True): freed blocks without a hash
+    go to the head of the free queue instead of the tail.
+    """
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True, unhashed_first: bool = True) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(
+                f"a BlockPool needs at least 2 blocks (block 0 is the null block), got {num_gpu_blocks}"
+            )
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.unhashed_first = unhashed_first
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # The null block stands in for skipped blocks (sliding window); its ref_cnt is not kept.
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        # Ours, not vLLM's: O(1) PageUsage and the evicted-token stat.
+        self.num_cached_free_blocks = 0  # free-queue blocks that still carry a hash
+        self.num_evicted_blocks = 0  # hashes dropped by eviction (lazy, evict_blocks, LRU evict)
+
+    # ---------------------------------------------------------------- lookups
+    def get_cached_block(
+        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """One cached block per group, or None unless every group hits."""
+        out: list[KVCacheBlock] = []
+        for group_id in kv_cache_group_ids:
+            block = self.cached_block_hash_to_block.get_one_block(
+                make_block_hash_with_group_id(block_hash, group_id)
+            )
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks in use (vLLM's KV-cache usage metric)."""
+        usable = self.num_gpu_blocks - 1
+        return 1.0 - self.get_num_free_blocks() / usable
+
+    # ---------------------------------------------------------------- state changes
+    def cache_full_blocks(
+        self,
+        block_hashes: Sequence[BlockHash],
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their chained hashes.
+
+        We take the request's block hashes rather than the request (the pool stays hash-agnostic).
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        if len(block_hashes) < num_full_blocks:
+            raise ValueError(f"{num_full_blocks} full blocks but only {len(block_hashes)} block hashes")
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.is_null:  # sliding-window placeholder: nothing to cache
+                continue
+            key = make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id)
+            block.block_hash = key  # raises if the block already has one
+            self.cached_block_hash_to_block.insert(key, block)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` from the head; a popped cached block loses its hash now."""
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(
+                f"cannot get {num_blocks} free blocks from the pool ({self.get_num_free_blocks()} free)"
+            )
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            if block.block_hash is not None:
+                self.num_cached_free_blocks -= 1
+                self._maybe_evict_cached_block(block)
+            block.ref_cnt += 1
+        return blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """A hit: take unreferenced blocks out of the free queue, then ref_cnt += 1."""
+        for block in blocks:
+            if block.is_null:  # we skip the null block's ref_cnt; vLLM bumps it and never reads it
+                continue
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+                if block.block_hash is not None:
+                    self.num_cached_free_blocks -= 1
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """ref_cnt -= 1; blocks reaching 0 re-enter the free queue, first = evicted first.
+
+        Without a hash they are worthless as cache: prepended (reused first). With a hash they
+        are appended (LRU). Each list keeps the given order.
+        """
+        blocks = [b for b in ordered_blocks if not b.is_null]
+        for block in blocks:  # checked before any change: a bad free leaves the pool as it was
+            if block.ref_cnt <= 0:
+                raise ValueError(f"free of block {block.block_id} whose ref_cnt is {block.ref_cnt}")
+        released: list[KVCacheBlock] = []
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                released.append(block)
+        with_hash = [b for b in released if b.block_hash is not None]
+        self.num_cached_free_blocks += len(with_hash)
+        if self.unhashed_first:
+            self.free_block_queue.prepend_n([b for b in released if b.block_hash is None])
+            self.free_block_queue.append_n(with_hash)
+        else:
+            # Ablation: one LRU queue in the given order, hashed or not.
+            self.free_block_queue.append_n(released)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> int:
+        """Drop the hashes of these blocks (in use or not); returns how many had one."""
+        ids = list(block_ids)
+        for block_id in ids:
+            if not 0 <= block_id < self.num_gpu_blocks:
+                raise ValueError(f"block id {block_id} outside [0, {self.num_gpu_blocks})")
+        dropped = 0
+        for block_id in ids:
+            block = self.blocks[block_id]
+            if block.block_hash is not None and block.ref_cnt == 0 and not block.is_null:
+                self.num_cached_free_blocks -= 1
+            dropped += self._maybe_evict_cached_block(block)
+        return dropped
+
+    def evict_lru_blocks(self, num_blocks: int) -> int:
+        """Ours (vLLM evicts only lazily): drop the hashes of up to ``num_blocks`` cached
+        blocks from the head of the free queue (LRU first). The blocks stay free, now unhashed.
+        """
+        dropped = 0
+        queue = self.free_block_queue
+        block = queue.fake_free_list_head.next_free_block
+        while dropped < num_blocks and block is not None and block is not queue.fake_free_list_tail:
+            if block.block_hash is not None:
+                self.num_cached_free_blocks -= 1
+                dropped += self._maybe_evict_cached_block(block)
+            block = block.next_free_block
+        return dropped
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every hash; refused (False, nothing changed) while any block is in use."""
+        if self.get_num_free_blocks() != self.num_gpu_blocks - 1:
+            return False
+        self.cached_block_hash_to_block.clear()
+        for block in self.blocks:
+            block.reset_hash()
+        self.num_cached_free_blocks = 0
+        return True
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Remove ``block`` from the hash map and clear its hash; False if it had none."""
+        key = block.block_hash
+        if key is None:
+            return False
+        popped = self.cached_block_hash_to_block.pop(key, block.block_id)
+        assert popped is block, f"block {block.block_id} has a hash but is not in the map"
+        block.reset_hash()
+        self.num_evicted_blocks += 1
+        return True
+
+    # ---------------------------------------------------------------- invariants
+    def check_invariants(self) -> None:
+        """Real accounting, O(num_blocks): raises InvariantError on any inconsistency."""
+        queue = self.free_block_queue
+        forward: list[KVCacheBlock] = []  # bounded walk: a cycle must fail, not hang
+        curr = queue.fake_free_list_head.next_free_block
+        while (
+            curr is not None and curr is not queue.fake_free_list_tail and len(forward) <= self.num_gpu_blocks
+        ):
+            forward.append(curr)
+            curr = curr.next_free_block
+        ensure(curr is queue.fake_free_list_tail, "free queue does not end at the tail sentinel")
+        ensure(
+            len(forward) == queue.num_free_blocks,
+            f"free queue holds {len(forward)} blocks, counter says {queue.num_free_blocks}",
+        )
+        backward: list[KVCacheBlock] = []
+        curr = queue.fake_free_list_tail.prev_free_block
+        while curr is not None and curr is not queue.fake_free_list_head and len(backward) <= len(forward):
+            backward.append(curr)
+            nxt = curr.prev_free_block
+            ensure(
+                nxt is not None and nxt.next_free_block is curr, f"broken back link at block {curr.block_id}"
+            )
+            curr = nxt
+        ensure(backward[::-1] == forward, "free queue walked backward differs from forward")
+        free_ids = {b.block_id for b in forward}
+        ensure(len(free_ids) == len(forward), "a block is twice in the free queue")
+        ensure(self.null_block.block_id not in free_ids, "the null block is in the free queue")
+        ensure(self.null_block.block_hash is None, "the null block has a hash")
+        ensure(
+            self.null_block.prev_free_block is None and self.null_block.next_free_block is None,
+            "null block linked",
+        )
+        mapped: dict[int, BlockHashWithGroupId] = {}
+        for key, block in self.cached_block_hash_to_block.items():
+            ensure(block.block_id not in mapped, f"block {block.block_id} is twice in the hash map")
+            ensure(block is self.blocks[block.block_id], f"map holds a stranger as block {block.block_id}")
+            ensure(
+                block.block_hash == key,
+                f"map entry points at block {block.block_id}, which carries another hash",
+            )
+            mapped[block.block_id] = key
+        hashed = {b.block_id for b in self.blocks if b.block_hash is not None}
+        ensure(
+            hashed == set(mapped),
+            f"blocks with a hash but not in the map: {sorted(hashed - set(mapped))[:8]}",
+        )
+        in_use = 0
+        cached_free = 0
+        for block in self.blocks[1:]:
+            ensure(block.ref_cnt >= 0, f"block {block.block_id} has ref_cnt {block.ref_cnt}")
+            in_queue = block.block_id in free_ids
+            ensure(
+                in_queue == (block.ref_cnt == 0),
+                f"block {block.block_id}: ref_cnt {block.ref_cnt}, in free queue {in_queue}",
+            )
+            if not in_queue:
+                ensure(
+                    block.prev_free_block is None and block.next_free_block is None,
+                    f"{block} linked but not free",
+                )
+            in_use += block.ref_cnt > 0
+            cached_free += in_queue and block.block_hash is not None
+        ensure(
+            queue.num_free_blocks + in_use == self.num_gpu_blocks - 1,
+            f"free {queue.num_free_blocks} + in use {in_use} != {self.num_gpu_blocks - 1} usable",
+        )
+        ensure(
+            cached_free == self.num_cached_free_blocks,
+            f"{cached_free} cached free blocks, counter says {self.num_cached_free_blocks}",
+        )

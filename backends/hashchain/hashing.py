@@ -1,0 +1,186 @@
+"""Chained block hashing (vLLM ``kv_cache_utils.py``): the hash of block i fingerprints the
+whole prefix ``[0, (i+1) * block_size)`` because it folds in the hash of block i-1.
+
+Consequences the rest of the backend relies on:
+  * prefix match = look blocks up left to right and stop at the first miss;
+  * a full block's hash never changes (tokens are append-only), so a request memoises its
+    hashes and only hashes blocks that became full since the last call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any, NewType
+
+import cbor2
+import xxhash as _xxhash
+
+from prefixcache.request import Request
+
+BlockHash = NewType("BlockHash", bytes)
+# BlockHash + 4-byte big-endian group id: same tokens in two attention groups -> two keys.
+BlockHashWithGroupId = NewType("BlockHashWithGroupId", bytes)
+HashFn = Callable[[Any], bytes]
+
+
+# ---------------------------------------------------------------- hash functions
+def sha256(obj: Any) -> bytes:
+    """vLLM's default: SHA-256 of the pickled object (stable within one Python version)."""
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def sha256_cbor(obj: Any) -> bytes:
+    """SHA-256 of canonical CBOR: reproducible across processes, versions and languages."""
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def xxhash(obj: Any) -> bytes:
+    """xxh3-128 of the pickled object: fast, not cryptographic."""
+    return _xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def xxhash_cbor(obj: Any) -> bytes:
+    """xxh3-128 of canonical CBOR."""
+    return _xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+
+
+def builtin_unsafe(obj: Any) -> bytes:
+    """UNSAFE baseline, for cost comparisons only: Python's 64-bit ``hash``.
+
+    vLLM removed it: crafted prompts can collide and read another tenant's KV (a CVE).
+    """
+    return hash(obj).to_bytes(8, "big", signed=True)
+
+
+HASH_FUNCTIONS: dict[str, HashFn] = {
+    "sha256": sha256,
+    "sha256_cbor": sha256_cbor,
+    "xxhash": xxhash,
+    "xxhash_cbor": xxhash_cbor,
+    "builtin": builtin_unsafe,
+}
+# Processes must agree on NONE_HASH for these even without PYTHONHASHSEED.
+CRYPTOGRAPHIC = frozenset({sha256, sha256_cbor})
+FIXED_SEED = "prefixcache/hashchain NONE_HASH seed v1"
+# Drawn once per process: non-cryptographic hashes get an unguessable chain root.
+_PROCESS_SEED = os.urandom(32)
+
+
+def get_hash_fn(name: str) -> HashFn:
+    try:
+        return HASH_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown hash_fn {name!r}; valid: {', '.join(HASH_FUNCTIONS)}") from None
+
+
+# ---------------------------------------------------------------- NONE_HASH
+_NONE_HASHES: dict[HashFn, BlockHash] = {}
+
+
+def init_none_hash(hash_fn: HashFn) -> BlockHash:
+    """(Re)compute NONE_HASH, the parent of every first block, for ``hash_fn``.
+
+    Seed: $PYTHONHASHSEED if set; else a fixed string for cryptographic functions; else a
+    random per-process seed. (vLLM 0.33 uses os.urandom(32) itself as NONE_HASH whenever
+    PYTHONHASHSEED is unset; we follow REFERENCE A1 so sha256 caches agree across processes.)
+    """
+    env_seed = os.environ.get("PYTHONHASHSEED")
+    if env_seed is not None:
+        seed: object = env_seed
+    elif hash_fn in CRYPTOGRAPHIC:
+        seed = FIXED_SEED
+    else:
+        seed = _PROCESS_SEED
+    value = BlockHash(hash_fn(seed))
+    _NONE_HASHES[hash_fn] = value
+    return value
+
+
+def none_hash(hash_fn: HashFn) -> BlockHash:
+    """NONE_HASH for ``hash_fn``, computed once per process."""
+    value = _NONE_HASHES.get(hash_fn)
+    return value if value is not None else init_none_hash(hash_fn)
+
+
+# ---------------------------------------------------------------- block hashes
+def hash_block_tokens(
+    hash_fn: HashFn,
+    parent_block_hash: BlockHash | None,
+    curr_block_token_ids: Sequence[int],
+    extra_keys: tuple[Any, ...] | None = None,
+) -> BlockHash:
+    """hash_fn((parent or NONE_HASH, tuple(tokens), extra_keys))."""
+    if not parent_block_hash:
+        parent_block_hash = none_hash(hash_fn)
+    return BlockHash(hash_fn((parent_block_hash, tuple(curr_block_token_ids), extra_keys)))
+
+
+def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
+    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
+
+
+def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
+    return BlockHash(key[:-4])
+
+
+def get_group_id(key: BlockHashWithGroupId) -> int:
+    return int.from_bytes(key[-4:], "big", signed=False)
+
+
+def generate_block_hash_extra_keys(req: Request, start: int, end: int) -> tuple[Any, ...] | None:
+    """Extra keys of block ``[start, end)``: LoRA, then multimodal spans, then the salt.
+
+    We differ from vLLM on purpose: keys are tagged tuples, so a LoRA named "x" and a salt "x"
+    cannot produce the same key. Our Request carries no LoRA path, so path is None.
+    """
+    keys: list[Any] = []
+    if req.lora_name is not None:
+        keys.append(("lora", req.lora_name, None))
+    for span in req.mm_hashes:  # sorted by offset
+        if span.offset >= end:
+            break
+        if span.offset + span.length > start:
+            # Offset relative to the block (may be negative): the same image at another
+            # position inside otherwise equal placeholder blocks gives another key.
+            keys.append(("mm", span.identifier, span.offset - start))
+    if start == 0 and req.cache_salt is not None:
+        keys.append(("cache_salt", req.cache_salt))
+    return tuple(keys) if keys else None
+
+
+class BlockHasher:
+    """vLLM's ``request_block_hasher``: appends the hashes of newly full blocks to a request.
+
+    The list lives in ``req.memo[self]``; one hasher per cache, so two caches with different
+    hash functions or block sizes never share a memo.
+    """
+
+    __slots__ = ("block_size", "hash_fn", "none_hash")
+
+    def __init__(self, block_size: int, hash_fn: HashFn) -> None:
+        self.block_size = block_size
+        self.hash_fn = hash_fn
+        self.none_hash = none_hash(hash_fn)
+
+    def block_hashes(self, req: Request) -> list[BlockHash]:
+        """Hashes of all full blocks of ``req`` (memoised; only new full blocks are hashed)."""
+        hashes: list[BlockHash] | None = req.memo.get(self)  # type: ignore[assignment]
+        if hashes is None:
+            hashes = []
+            req.memo[self] = hashes
+        size = self.block_size
+        start = len(hashes) * size
+        num_tokens = req.num_tokens
+        if start + size > num_tokens:
+            return hashes
+        tokens = req.all_token_ids
+        parent = hashes[-1] if hashes else self.none_hash
+        while start + size <= num_tokens:
+            extra = generate_block_hash_extra_keys(req, start, start + size)
+            parent = hash_block_tokens(self.hash_fn, parent, tokens[start : start + size], extra)
+            hashes.append(parent)
+            start += size
+        return hashes
