@@ -12,6 +12,7 @@ from prefixcache.interface import PrefixCache
 _BACKENDS: dict[str, str] = {
     "none": "prefixcache.backends.none:NoCache",
     "hashchain": "prefixcache.backends.hashchain:HashChainCache",
+    "radix": "prefixcache.backends.radix:RadixPrefixCache",
 }
 
 

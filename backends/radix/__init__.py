@@ -1,0 +1,20 @@
+"""SGLang's RadixCache (python/sglang/srt/mem_cache/radix_cache.py), 0.5.23 semantics."""
+
+from prefixcache.backends.radix.backend import RadixPrefixCache, mm_values, namespace, request_key
+from prefixcache.backends.radix.cache import MatchResult, RadixCache
+from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.policies import POLICIES, make_policy
+from prefixcache.backends.radix.tree import TreeNode
+
+__all__ = [
+    "POLICIES",
+    "MatchResult",
+    "RadixCache",
+    "RadixKey",
+    "RadixPrefixCache",
+    "TreeNode",
+    "make_policy",
+    "mm_values",
+    "namespace",
+    "request_key",
+]

@@ -1,0 +1,252 @@
+"""RadixPrefixCache: the radix tree driven the way SGLang's scheduler drives it.
+
+SGLang's request flow, in our hooks::
+
+    lookup   match_prefix(all tokens but the last, whole pages)         (no lock, no count)
+    allocate first: match, inc_lock_ref(last node), take pages (evicting unlocked leaves)
+    commit   cache_unfinished_req: insert computed pages, re-point the page table at the tree's
+             slots, free our duplicates, re-match, move the lock to the new last node
+    release  cache_finished_req: insert every token whose KV exists, free duplicates and the
+             unaligned tail, dec_lock_ref
+
+Pages: the tree stores per-token slot indices (slot = page * page_size + offset, as SGLang's
+paged allocator hands them out) but memory moves by whole pages from the shared ``PagePool``.
+Slot 0 (page 0) is reserved, as SGLang's padding slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import numpy as np
+from prefixcache.backends.radix.cache import RadixCache
+from prefixcache.backends.radix.key import RadixKey, TokenArray
+from prefixcache.backends.radix.tree import SlotArray, TreeNode
+
+from prefixcache.config import CacheConfig
+from prefixcache.interface import PageUsage, PrefixCache, ensure
+from prefixcache.pool import PagePool
+from prefixcache.request import Request
+
+# Multimodal placeholder tokens are replaced by values from here up, which no real token id
+# reaches (SGLang likewise swaps an image's pad tokens for values derived from its hash).
+MM_VALUE_BASE = 1 << 40
+_MM_VALUE_SPAN = 1 << 61  # MM_VALUE_BASE + _MM_VALUE_SPAN < 2**63: fits int64
+
+
+def namespace(lora_name: str | None, cache_salt: str | None) -> Hashable | None:
+    """The request's extra_key, tagged so a LoRA name and a salt with one string differ."""
+    parts = tuple((tag, v) for tag, v in (("lora", lora_name), ("cache_salt", cache_salt)) if v is not None)
+    return parts or None
+
+
+def mm_values(identifier: str, length: int) -> TokenArray:
+    """Key values for a multimodal span: one per position, from (identifier, position)."""
+    h = int.from_bytes(hashlib.blake2b(identifier.encode(), digest_size=8).digest(), "little")
+    return MM_VALUE_BASE + (h + np.arange(length, dtype=np.uint64)) % _MM_VALUE_SPAN  # type: ignore[no-any-return]
+
+
+def _token_array(token_ids: object, req: Request) -> TokenArray:
+    arr = np.asarray(token_ids, dtype=np.int64)
+    if len(arr) and int(arr.max()) >= MM_VALUE_BASE:
+        raise ValueError(f"token ids of {req.request_id!r} must be < 2**40 (multimodal values live above)")
+    return arr
+
+
+def request_key(req: Request) -> RadixKey:
+    """RadixKey of all of ``req``'s tokens (multimodal spans substituted), in its namespace.
+
+    Memoised on the request: tokens are append-only, so only new output tokens are converted.
+    """
+    arr = req.memo.get("radix_key")
+    if not isinstance(arr, np.ndarray):
+        arr = _token_array(req.prompt_token_ids, req)
+        for span in req.mm_hashes:
+            arr[span.offset : span.offset + span.length] = mm_values(span.identifier, span.length)
+    if len(arr) < req.num_tokens:
+        arr = np.concatenate([arr, _token_array(req.all_token_ids[len(arr) :], req)])
+    req.memo["radix_key"] = arr
+    return RadixKey(arr, namespace(req.lora_name, req.cache_salt))
+
+
+@dataclass(slots=True)
+class _Live:
+    """A live request's view: SGLang keeps these on its ``Req``."""
+
+    pages: list[int]  # page table: [0, protected) tree pages, then the request's own pages
+    protected: int  # cache_protected_len: leading tokens whose slots belong to the tree
+    last_node: TreeNode  # holds the lock on the tree part
+    hits_counted: int  # tokens of its path already counted in hit_count (once per request)
+
+
+class RadixPrefixCache(PrefixCache):
+    name = "radix"
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        *,
+        eviction_policy: str = "lru",
+        disable: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(config)
+        self.pool = PagePool(config.num_pages)
+        self.tree = RadixCache(
+            config.page_size,
+            disable=disable,
+            eviction_policy=eviction_policy,
+            free_slots=self._free_slots,
+            clock=clock,
+        )
+        self._live_state: dict[str, _Live] = {}
+
+    # ------------------------------------------------------------------ pages <-> slots
+    def _slots(self, pages: list[int]) -> SlotArray:
+        p = self.page_size
+        return (np.asarray(pages, dtype=np.int64)[:, None] * p + np.arange(p, dtype=np.int64)).reshape(-1)
+
+    def _pages_of(self, slots: SlotArray) -> list[int]:
+        """Page ids of whole-page slot runs (slot // page_size at each page start)."""
+        return (slots[:: self.page_size] // self.page_size).tolist()  # type: ignore[no-any-return]
+
+    def _free_slots(self, slots: SlotArray) -> None:
+        self.pool.free(self._pages_of(slots))
+
+    def _make_room(self, num_pages: int) -> bool:
+        """Ensure ``num_pages`` free pages, evicting unlocked leaves; False (nothing evicted) if
+        even evicting all of them would not do."""
+        short = num_pages - self.pool.num_free
+        if short <= 0:
+            return True
+        if self.tree.evictable_size() // self.page_size < short:
+            return False
+        self.stats.evicted_tokens += self.tree.evict(short * self.page_size)
+        return True
+
+    # ------------------------------------------------------------------ hooks
+    def _lookup(self, req: Request) -> int:
+        return self.tree.match_prefix(request_key(req)[: req.num_tokens - 1]).length
+
+    def _admit(self, req: Request, num_new_tokens: int) -> bool:
+        self._check_fits(req, num_new_tokens)  # the "never fits" error wins over the hit-dependent one
+        match = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
+        total = match.length + num_new_tokens
+        self._check_fits(req, total)
+        self.tree.inc_lock_ref(match.last_node)  # first, so making room cannot evict our hit
+        need = -(-total // self.page_size) - match.length // self.page_size
+        if not self._make_room(need):
+            self.tree.dec_lock_ref(match.last_node)
+            return False
+        new_pages = self.pool.alloc(need)
+        assert new_pages is not None
+        # [0, hit) tree pages (locked) | [hit, total) our own pages
+        pages = self._pages_of(match.indices) + new_pages.tolist()
+        self._live_state[req.request_id] = _Live(pages, match.length, match.last_node, 0)
+        self._admitted(req, match.length)
+        return True
+
+    def _extend(self, req: Request, total_tokens: int) -> bool:
+        live = self._live_state[req.request_id]
+        need = -(-total_tokens // self.page_size) - len(live.pages)
+        if need <= 0:
+            return True
+        if not self._make_room(need):
+            return False
+        new_pages = self.pool.alloc(need)
+        assert new_pages is not None
+        live.pages.extend(new_pages.tolist())
+        return True
+
+    def _commit(self, req: Request) -> None:
+        """SGLang's ``cache_unfinished_req``: publish the computed whole pages."""
+        live = self._live_state[req.request_id]
+        aligned = req.num_computed_tokens // self.page_size * self.page_size
+        if self.tree.disable or aligned <= live.protected:
+            return
+        p = self.page_size
+        key = request_key(req)[:aligned]
+        own = self._slots(live.pages[: aligned // p])
+        cached = self.tree.insert(key, own, hit_from=live.hits_counted)
+        live.hits_counted = aligned
+        duplicates = live.pages[live.protected // p : cached // p]
+        match = self.tree.match_prefix(key)
+        assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"
+        # Re-point at the tree's pages first; only then free our duplicate copies.
+        live.pages[live.protected // p : aligned // p] = self._pages_of(match.indices[live.protected :])
+        self.pool.free(duplicates)
+        self.tree.dec_lock_ref(live.last_node)
+        self.tree.inc_lock_ref(match.last_node)
+        live.last_node, live.protected = match.last_node, aligned
+
+    def _release(self, req: Request) -> None:
+        """SGLang's ``cache_finished_req``: cache every token whose KV exists, then unlock."""
+        live = self._live_state.pop(req.request_id)
+        p = self.page_size
+        aligned = req.num_computed_tokens // p * p
+        if self.tree.disable:
+            self.pool.free(live.pages)
+            return
+        cached = aligned
+        if aligned > live.protected:
+            own = self._slots(live.pages[: aligned // p])
+            cached = self.tree.insert(request_key(req)[:aligned], own, hit_from=live.hits_counted)
+        # [protected, cached) duplicates of tree pages | [aligned, end) unaligned tail + unused room
+        self.pool.free(live.pages[live.protected // p : cached // p] + live.pages[aligned // p :])
+        self.tree.dec_lock_ref(live.last_node)
+
+    def _page_table(self, req: Request) -> list[int]:
+        return list(self._live_state[req.request_id].pages)
+
+    def _evict(self, num_tokens: int) -> int:
+        freed = self.tree.evict(num_tokens)
+        self.stats.evicted_tokens += freed
+        return freed
+
+    def _reset(self) -> None:
+        self.pool = PagePool(self.config.num_pages)  # no request is live: every page returns
+        self.tree.reset()
+
+    # ------------------------------------------------------------------ accounting
+    def usage(self) -> PageUsage:
+        free = self.pool.num_free
+        evictable = self.tree.evictable_size() // self.page_size
+        return PageUsage(free, evictable, self.config.num_usable_pages - free - evictable)
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        self.pool.check()
+        try:
+            self.tree.check()
+        except AssertionError as e:
+            ensure(False, f"radix tree: {e}")
+        p = self.page_size
+        tree_pages: list[int] = []
+        for node in self.tree.iter_nodes():
+            assert node.value is not None
+            pages = self._pages_of(node.value)
+            whole = np.array_equal(self._slots(pages), node.value)
+            ensure(whole, f"{node} holds slots that are not whole pages")
+            tree_pages.extend(pages)
+        tree_set = set(tree_pages)
+        ensure(len(tree_set) == len(tree_pages), "a page is held by two tree nodes")
+        ensure(0 not in tree_set, "the tree holds reserved page 0")
+        own: list[int] = []
+        for rid, live in self._live_state.items():
+            ensure(rid in self._reserved, f"state kept for {rid!r}, which is not live")
+            shared = live.pages[: live.protected // p]
+            ensure(set(shared) <= tree_set, f"{rid!r} points at prefix pages the tree no longer holds")
+            own.extend(x for x in live.pages[live.protected // p :] if x not in tree_set)
+        ensure(len(set(own)) == len(own), "a page is owned by two live requests (or twice by one)")
+        ensure(0 not in own, "a request holds reserved page 0")
+        free = set(self.pool.free_page_ids().tolist())
+        ensure(not free & tree_set and not free & set(own), "a free page is also held")
+        ensure(
+            len(free) + len(tree_set) + len(own) == self.config.num_usable_pages,
+            f"pages free {len(free)} + tree {len(tree_set)} + requests {len(own)} "
+            f"!= {self.config.num_usable_pages} usable",
+        )
+        ensure(set(self._live_state) == set(self._reserved), "live requests and radix state disagree")

@@ -1,0 +1,295 @@
+"""RadixCache: SGLang's radix tree over KV slot indices (``radix_cache.py``), pool-agnostic.
+
+The tree knows tokens and slot indices only; whoever owns the KV pool passes ``free_slots``,
+called with the slots of every evicted leaf. Sizes are in tokens:
+``evictable_size + protected_size == total_size()`` at all times (root excluded).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.policies import EvictionPolicy, make_policy
+from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode
+from sortedcontainers import SortedList
+
+EMPTY_SLOTS: SlotArray = np.empty(0, dtype=np.int64)
+
+
+class MatchResult(NamedTuple):
+    length: int  # tokens matched (whole pages)
+    indices: SlotArray  # their KV slots, in token order
+    last_node: TreeNode  # deepest node of the match (the root for no match)
+
+
+class RadixCache:
+    def __init__(
+        self,
+        page_size: int = 1,
+        *,
+        disable: bool = False,
+        eviction_policy: str = "lru",
+        free_slots: Callable[[SlotArray], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.page_size = page_size
+        self.disable = disable
+        self.policy: EvictionPolicy = make_policy(eviction_policy)
+        self.free_slots = free_slots if free_slots is not None else (lambda slots: None)
+        self.clock = clock
+        self.reset()
+
+    def reset(self) -> None:
+        self.root_node = TreeNode(self.clock(), priority=ROOT_PRIORITY)
+        self.root_node.lock_ref = 1  # forever: the root is never evicted nor counted
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        # SGLang re-heapifies every evictable leaf on each evict() call; we keep them sorted by
+        # (policy priority, id) and update on each change, so evict pays only for what it pops.
+        self._leaves: SortedList = SortedList()
+        self._leaf_entry: dict[int, tuple[Any, int, TreeNode]] = {}
+
+    # ------------------------------------------------------------------ sizes
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        if self.disable:
+            return 0
+        total, stack = 0, list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            total += len(node.value) if node.value is not None else 0
+            stack.extend(node.children.values())
+        return total
+
+    # ------------------------------------------------------------------ match / insert
+    def match_prefix(self, key: RadixKey) -> MatchResult:
+        """Longest cached whole-page prefix of ``key``. Stamps access times on every visited
+        node, splits a node where the match ends inside it; never locks, never counts a hit."""
+        key = key.page_aligned(self.page_size)
+        if self.disable or len(key) == 0:
+            return MatchResult(0, EMPTY_SLOTS, self.root_node)
+        now = self.clock()
+        node = self.root_node
+        node.last_access_time = now
+        values: list[SlotArray] = []
+        pos = 0
+        while pos < len(key):
+            child = node.children.get(key[pos:].child_key(self.page_size))
+            if child is None:
+                break
+            child.last_access_time = now
+            self._refresh(child)  # before a split: the lower part keeps this stamp
+            n = child.key.match(key[pos:], self.page_size)
+            diverged = n < len(child.key)  # the query ends or differs inside this edge
+            if diverged:
+                child = self._split_node(child, n, now)
+            assert child.value is not None
+            values.append(child.value)
+            node, pos = child, pos + n
+            if diverged:
+                break
+        indices = np.concatenate(values) if values else EMPTY_SLOTS
+        return MatchResult(pos, indices, node)
+
+    def insert(
+        self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0
+    ) -> int:
+        """Cache ``key`` (page-aligned) with slot indices ``value``; returns the length that was
+        already cached (the caller frees its own slots for that range). Never overwrites.
+
+        hit_from: nodes ending at or before this token were already counted for this request
+        (a request inserts its growing prefix several times and counts once per node); pass
+        len(key) to count nothing.
+        """
+        if self.disable:
+            return 0
+        key = key.page_aligned(self.page_size)
+        value = np.asarray(key.token_ids if value is None else value, dtype=np.int64)[: len(key)]
+        if len(value) != len(key):
+            raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
+        now = self.clock()
+        node = self.root_node
+        node.last_access_time = now
+        node.priority = max(node.priority, priority)
+        pos = 0
+        while pos < len(key):
+            child = node.children.get(key[pos:].child_key(self.page_size))
+            if child is None:
+                break
+            child.last_access_time = now
+            self._refresh(child)  # before a split: the lower part keeps this stamp
+            n = child.key.match(key[pos:], self.page_size)
+            if n < len(child.key):
+                child = self._split_node(child, n, now)
+            child.priority = max(child.priority, priority)
+            pos += n
+            if pos > hit_from:
+                child.hit_count += 1
+            self._refresh(child)
+            node = child
+        if pos < len(key):
+            leaf = TreeNode(now, priority=priority)
+            leaf.parent = node
+            # an own copy: a view would keep the caller's whole token array alive
+            leaf.key = RadixKey(key.token_ids[pos:].copy(), key.extra_key)
+            leaf.value = value[pos:].copy()
+            leaf.hit_count = 1 if len(key) > hit_from else 0
+            node.children[leaf.key.child_key(self.page_size)] = leaf
+            self.evictable_size_ += len(leaf.value)
+            self._update_leaf_status(node)
+            self._update_leaf_status(leaf)
+        return pos
+
+    def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
+        """parent -> new[:split_len] -> child[split_len:]; sizes unchanged. Returns new."""
+        assert child.value is not None and child.parent is not None and 0 < split_len < len(child.key)
+        new = TreeNode(now, priority=child.priority)
+        new.lock_ref = child.lock_ref
+        new.hit_count = child.hit_count
+        new.parent = child.parent
+        new.key = child.key[:split_len]
+        new.value = child.value[:split_len].copy()
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:].copy()
+        child.parent = new
+        new.children = {child.key.child_key(self.page_size): child}
+        new.parent.children[new.key.child_key(self.page_size)] = new
+        return new
+
+    # ------------------------------------------------------------------ locks
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Pin ``node`` and its ancestors (root excluded). Returns the change in evictable size."""
+        if self.disable:
+            return 0
+        if node.evicted:
+            raise ValueError(f"inc_lock_ref on evicted {node}")
+        delta = 0
+        while node is not self.root_node:
+            assert node.parent is not None and node.value is not None, f"{node} is not in this tree"
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.value)
+                self.protected_size_ += len(node.value)
+                delta -= len(node.value)
+            node.lock_ref += 1
+            self._update_leaf_status(node)
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Unpin what ``inc_lock_ref(node)`` pinned. Returns the change in evictable size.
+
+        Raises RuntimeError (changing nothing) if a node on the path is not locked: SGLang lets
+        the count go negative and the sizes drift; we refuse."""
+        if self.disable:
+            return 0
+        path = []
+        while node is not self.root_node:
+            if node.parent is None or node.lock_ref <= 0:
+                raise RuntimeError(f"unbalanced dec_lock_ref: {node} is not locked (or not in this tree)")
+            path.append(node)
+            node = node.parent
+        delta = 0
+        for node in path:
+            assert node.value is not None
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.value)
+                self.protected_size_ -= len(node.value)
+                delta += len(node.value)
+            node.lock_ref -= 1
+            self._update_leaf_status(node)
+        return delta
+
+    # ------------------------------------------------------------------ eviction
+    def evict(self, num_tokens: int) -> int:
+        """Free whole evictable leaves, lowest policy priority first, until ``num_tokens`` are
+        freed (it may overshoot) or none is left; returns the tokens freed."""
+        if self.disable:
+            return 0
+        evicted = 0
+        while evicted < num_tokens and self._leaves:
+            leaf: TreeNode = self._leaves[0][2]
+            assert leaf.value is not None
+            self.free_slots(leaf.value)
+            evicted += len(leaf.value)
+            self._delete_leaf(leaf)  # its parent joins the leaves if now unlocked and childless
+        return evicted
+
+    def _delete_leaf(self, node: TreeNode) -> None:
+        parent = node.parent
+        assert parent is not None and node.value is not None and not node.children
+        removed = parent.children.pop(node.key.child_key(self.page_size))
+        assert removed is node, f"parent does not file {node} under its child key"
+        self.evictable_size_ -= len(node.value)
+        node.value = None
+        self._update_leaf_status(node)
+        self._update_leaf_status(parent)
+
+    def _is_evictable_leaf(self, node: TreeNode) -> bool:
+        return not node.evicted and node.lock_ref == 0 and not node.children and node is not self.root_node
+
+    def _update_leaf_status(self, node: TreeNode) -> None:
+        entry = self._leaf_entry.pop(node.id, None)
+        if entry is not None:
+            self._leaves.remove(entry)
+        if self._is_evictable_leaf(node):
+            entry = (self.policy.priority(node), node.id, node)
+            self._leaf_entry[node.id] = entry
+            self._leaves.add(entry)
+
+    def _refresh(self, node: TreeNode) -> None:
+        """Re-sort ``node`` if it is an evictable leaf whose priority inputs just changed."""
+        if node.id in self._leaf_entry:
+            self._update_leaf_status(node)
+
+    # ------------------------------------------------------------------ inspection
+    def iter_nodes(self) -> list[TreeNode]:
+        """Every node but the root, parents before children."""
+        out, stack = [], list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def evictable_leaves(self) -> list[TreeNode]:
+        """The evictable leaves in eviction order."""
+        return [entry[2] for entry in self._leaves]
+
+    def check(self) -> None:
+        """AssertionError unless sizes, links, child keys, locks and the leaf index agree."""
+        evictable = protected = 0
+        expected_leaves: set[int] = set()
+        for node in self.iter_nodes():
+            parent = node.parent
+            assert parent is not None and node.value is not None, f"{node} detached or evicted"
+            assert len(node.value) == len(node.key) > 0, f"{node}: value length != key length"
+            assert len(node.key) % self.page_size == 0, f"{node}: key not whole pages"
+            ck = node.key.child_key(self.page_size)
+            assert parent.children.get(ck) is node, f"{node} not filed under its child key {ck!r}"
+            assert node.lock_ref >= 0, f"{node}: negative lock_ref"
+            if node.lock_ref > 0:
+                protected += len(node.value)
+                assert parent is self.root_node or parent.lock_ref > 0, f"{node} locked, its parent not"
+            else:
+                evictable += len(node.value)
+            if self._is_evictable_leaf(node):
+                expected_leaves.add(node.id)
+        assert self.root_node.lock_ref == 1, "the root must stay locked exactly once"
+        assert (evictable, protected) == (self.evictable_size_, self.protected_size_), (
+            f"sizes drifted: counted evictable={evictable} protected={protected}, "
+            f"kept {self.evictable_size_} / {self.protected_size_}"
+        )
+        assert set(self._leaf_entry) == expected_leaves, "evictable-leaf index != unlocked childless nodes"
+        assert len(self._leaves) == len(self._leaf_entry), "leaf index and its sorted list disagree"
+        for prio, nid, node in self._leaves:
+            assert node.id == nid and prio == self.policy.priority(node), f"{node}: stale eviction priority"
+

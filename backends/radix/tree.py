@@ -1,0 +1,67 @@
+"""TreeNode: one edge of the radix tree and the KV slots of its tokens (SGLang's ``TreeNode``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+from prefixcache.backends.radix.key import ChildKey, RadixKey
+
+SlotArray = npt.NDArray[np.int64]
+ROOT_PRIORITY = -sys.maxsize  # any real priority overrides the root's
+
+
+class TreeNode:
+    """A node owns the edge from its parent: ``key`` (tokens) and ``value`` (their KV slots).
+
+    value: int64 slot indices, same length as key; None once the node is evicted. (SGLang keeps
+           a torch tensor on the KV pool's device; we simulate on the CPU with a numpy array.)
+    lock_ref: running requests whose path passes through here; > 0 means protected.
+    hit_count: requests whose inserted path passed through here (LFU / SLRU read it).
+    """
+
+    __slots__ = (
+        "children",
+        "parent",
+        "key",
+        "value",
+        "lock_ref",
+        "last_access_time",
+        "creation_time",
+        "hit_count",
+        "priority",
+        "id",
+    )
+
+    counter: ClassVar[int] = 0  # advances on every construction, as SGLang's class counter
+
+    def __init__(self, now: float | None = None, priority: int = 0) -> None:
+        if now is None:
+            now = time.monotonic()
+        self.children: dict[ChildKey, TreeNode] = {}
+        self.parent: TreeNode | None = None
+        self.key: RadixKey = RadixKey(np.empty(0, dtype=np.int64))
+        self.value: SlotArray | None = np.empty(0, dtype=np.int64)
+        self.lock_ref = 0
+        self.last_access_time = now
+        self.creation_time = now
+        self.hit_count = 0
+        self.priority = priority
+        self.id = TreeNode.counter
+        TreeNode.counter += 1
+
+    @property
+    def evicted(self) -> bool:
+        return self.value is None
+
+    def __lt__(self, other: TreeNode) -> bool:
+        return self.last_access_time < other.last_access_time
+
+    def __repr__(self) -> str:
+        return (
+            f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref}, "
+            f"children={len(self.children)})"
+        )
