@@ -1,0 +1,192 @@
+"""REFERENCE A3: BlockHashToBlockMap and BlockPool (null block, lazy eviction, free order)."""
+
+from __future__ import annotations
+
+import pytest
+from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, BlockPool
+from prefixcache.backends.hashchain.hashing import BlockHash, make_block_hash_with_group_id
+
+from prefixcache.interface import InvariantError
+
+
+def h(i: int) -> BlockHash:
+    return BlockHash(i.to_bytes(32, "big"))
+
+
+def key(i: int, group: int = 0) -> bytes:
+    return make_block_hash_with_group_id(h(i), group)
+
+
+def free_ids(pool: BlockPool) -> list[int]:
+    return [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+
+
+def cached_pool(n: int = 8, chain: int = 3) -> tuple[BlockPool, list[KVCacheBlock]]:
+    """A pool with one request's ``chain`` blocks allocated and cached under h(0..chain-1)."""
+    pool = BlockPool(n)
+    blocks = pool.get_new_blocks(chain)
+    pool.cache_full_blocks([h(i) for i in range(chain)], blocks, 0, chain, 4, 0)
+    pool.check_invariants()
+    return pool, blocks
+
+
+def test_map_keeps_several_blocks_per_hash_returns_the_first_and_pops_only_the_named_one() -> None:
+    m = BlockHashToBlockMap()
+    a, b, c = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
+    for block in (a, b, c):
+        m.insert(key(7), block)
+    assert m.get_one_block(key(7)) is a
+    assert m.pop(key(7), 9) is None
+    assert m.pop(key(7), 1) is a
+    assert m.get_one_block(key(7)) is b
+    assert m.pop(key(7), 3) is c and m.pop(key(7), 2) is b
+    assert m.get_one_block(key(7)) is None and len(m) == 0
+
+
+def test_null_block_zero_is_popped_at_start_never_free_and_not_counted() -> None:
+    pool = BlockPool(6)
+    assert pool.null_block.block_id == 0 and pool.null_block.is_null
+    assert free_ids(pool) == [1, 2, 3, 4, 5] and pool.get_num_free_blocks() == 5
+    pool.free_blocks([pool.null_block])  # never enters the queue, never goes negative
+    assert free_ids(pool) == [1, 2, 3, 4, 5]
+    pool.cache_full_blocks([h(0)], [pool.null_block], 0, 1, 4, 0)  # skipped, not hashed
+    assert pool.null_block.block_hash is None
+    pool.check_invariants()
+
+
+def test_get_cached_block_hits_only_if_every_group_hits() -> None:
+    pool = BlockPool(6)
+    b0, b1 = pool.get_new_blocks(2)
+    pool.cache_full_blocks([h(5)], [b0], 0, 1, 4, 0)
+    pool.cache_full_blocks([h(5)], [b1], 0, 1, 4, 1)
+    assert pool.get_cached_block(h(5), [0, 1]) == [b0, b1]
+    assert pool.get_cached_block(h(5), [0, 2]) is None
+    assert pool.get_cached_block(h(6), [0]) is None
+
+
+def test_cache_full_blocks_allows_duplicates_under_one_hash() -> None:
+    pool = BlockPool(6)
+    first, second = pool.get_new_blocks(2)
+    pool.cache_full_blocks([h(1)], [first], 0, 1, 4, 0)
+    pool.cache_full_blocks([h(1)], [second], 0, 1, 4, 0)
+    assert pool.get_cached_block(h(1), [0]) == [first]
+    assert first.block_hash == second.block_hash == key(1)
+    pool.check_invariants()
+
+
+def test_get_new_blocks_refuses_more_than_free() -> None:
+    pool = BlockPool(4)
+    with pytest.raises(ValueError, match="cannot get 4 free blocks"):
+        pool.get_new_blocks(4)
+    assert pool.get_num_free_blocks() == 3
+
+
+def test_freed_cached_block_stays_a_hit_until_popped_then_loses_its_hash() -> None:
+    pool, blocks = cached_pool(n=5, chain=3)  # 4 usable: blocks 1..3 cached, 4 free
+    pool.free_blocks(reversed(blocks))
+    assert free_ids(pool) == [4, 3, 2, 1]
+    assert pool.get_cached_block(h(2), [0]) == [blocks[2]]  # lazy: still a hit
+    assert pool.num_cached_free_blocks == 3
+    (fresh,) = pool.get_new_blocks(1)
+    assert fresh.block_id == 4 and pool.num_evicted_blocks == 0  # unhashed first
+    (reused,) = pool.get_new_blocks(1)
+    assert reused is blocks[2] and reused.block_hash is None  # the chain's tail goes first
+    assert pool.get_cached_block(h(2), [0]) is None and pool.get_cached_block(h(1), [0]) is not None
+    assert pool.num_evicted_blocks == 1
+    pool.check_invariants()
+
+
+def test_touch_removes_an_unreferenced_block_from_the_free_queue_and_counts_the_reference() -> None:
+    pool, blocks = cached_pool(n=6, chain=2)
+    pool.free_blocks(reversed(blocks))
+    assert blocks[0].ref_cnt == 0 and blocks[0].block_id in free_ids(pool)
+    pool.touch([blocks[0]])
+    assert blocks[0].ref_cnt == 1 and blocks[0].block_id not in free_ids(pool)
+    pool.touch([blocks[0]])  # already referenced: only the count moves
+    assert blocks[0].ref_cnt == 2
+    pool.check_invariants()
+
+
+def test_free_blocks_prepends_unhashed_and_appends_hashed_each_in_the_given_order() -> None:
+    pool = BlockPool(8)
+    blocks = pool.get_new_blocks(6)  # ids 1..6; 7 stays free
+    pool.cache_full_blocks([h(i) for i in range(3)], blocks, 0, 3, 4, 0)  # 1, 2, 3 hashed
+    pool.free_blocks([blocks[4], blocks[0], blocks[3], blocks[2], blocks[5], blocks[1]])
+    assert free_ids(pool) == [5, 4, 6, 7, 1, 3, 2]
+    pool.check_invariants()
+
+
+def test_unhashed_first_off_appends_every_freed_block_in_the_given_order() -> None:
+    pool = BlockPool(8, unhashed_first=False)
+    blocks = pool.get_new_blocks(6)
+    pool.cache_full_blocks([h(i) for i in range(3)], blocks, 0, 3, 4, 0)
+    pool.free_blocks([blocks[4], blocks[0], blocks[3], blocks[2], blocks[5], blocks[1]])
+    assert free_ids(pool) == [7, 5, 1, 4, 3, 6, 2]
+    pool.check_invariants()
+
+
+def test_freeing_a_block_with_no_reference_is_refused_and_changes_nothing() -> None:
+    pool, blocks = cached_pool(n=6, chain=2)
+    pool.free_blocks([blocks[1]])
+    with pytest.raises(ValueError, match="ref_cnt is 0"):
+        pool.free_blocks([blocks[0], blocks[1]])
+    assert blocks[0].ref_cnt == 1
+    pool.check_invariants()
+
+
+def test_evict_blocks_drops_hashes_only_and_in_use_blocks_stay_in_use() -> None:
+    pool, blocks = cached_pool(n=6, chain=3)
+    pool.free_blocks([blocks[2]])
+    assert pool.evict_blocks({blocks[1].block_id, blocks[2].block_id, 5}) == 2  # 5 had no hash
+    assert blocks[1].ref_cnt == 1 and blocks[1].block_hash is None
+    assert blocks[2].block_id in free_ids(pool) and blocks[2].block_hash is None
+    assert pool.get_cached_block(h(0), [0]) == [blocks[0]]
+    assert pool.num_cached_free_blocks == 0 and pool.num_evicted_blocks == 2
+    with pytest.raises(ValueError, match="outside"):
+        pool.evict_blocks({99})
+    pool.check_invariants()
+
+
+def test_evict_lru_blocks_drops_hashes_from_the_head_of_the_free_queue() -> None:
+    pool, blocks = cached_pool(n=8, chain=3)
+    pool.free_blocks(reversed(blocks))  # queue: 4 5 6 7 | 3 2 1
+    assert pool.evict_lru_blocks(2) == 2
+    assert [b.block_hash is None for b in blocks] == [False, True, True]
+    assert free_ids(pool) == [4, 5, 6, 7, 3, 2, 1]  # they stay where they were, now unhashed
+    assert pool.evict_lru_blocks(5) == 1
+    pool.check_invariants()
+
+
+def test_reset_prefix_cache_is_refused_while_a_block_is_in_use_then_drops_every_hash() -> None:
+    pool, blocks = cached_pool(n=6, chain=2)
+    assert pool.reset_prefix_cache() is False
+    assert blocks[0].block_hash == key(0) and pool.get_cached_block(h(1), [0]) == [blocks[1]]
+    pool.free_blocks(blocks)
+    assert pool.reset_prefix_cache() is True
+    assert all(b.block_hash is None for b in pool.blocks) and len(pool.cached_block_hash_to_block) == 0
+    assert pool.num_cached_free_blocks == 0
+    pool.check_invariants()
+
+
+def test_check_invariants_catches_a_hash_missing_from_the_map() -> None:
+    pool, blocks = cached_pool(n=6, chain=2)
+    pool.cached_block_hash_to_block.pop(key(1), blocks[1].block_id)
+    with pytest.raises(InvariantError, match="not in the map"):
+        pool.check_invariants()
+
+
+def test_check_invariants_catches_a_broken_free_queue_link() -> None:
+    pool, _ = cached_pool(n=8, chain=2)
+    third = pool.blocks[5]
+    assert third.prev_free_block is not None
+    third.prev_free_block = pool.blocks[3]
+    with pytest.raises(InvariantError, match="back link|backward"):
+        pool.check_invariants()
+
+
+def test_check_invariants_catches_a_referenced_block_in_the_free_queue() -> None:
+    pool = BlockPool(6)
+    pool.blocks[2].ref_cnt = 1
+    with pytest.raises(InvariantError, match="in free queue True"):
+        pool.check_invariants()
