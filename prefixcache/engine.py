@@ -24,7 +24,7 @@ import heapq
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,8 @@ class Engine:
         self.prefill_tokens = 0
         self.decode_tokens = 0
         self._added = 0
+        self._source: Iterator[Request] | None = None
+        self._peeked: Request | None = None
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, req: Request) -> None:
@@ -137,17 +139,27 @@ class Engine:
         self._added += 1
 
     def has_unfinished(self) -> bool:
-        return bool(self.pending or self.waiting or self.running)
+        return bool(self.pending or self.waiting or self.running or self._source is not None)
 
-    def run(self, requests: Iterable[Request] = (), *, progress: bool = False) -> list[RequestRecord]:
-        """Add ``requests`` and step until every request has finished; returns the records."""
+    def run(
+        self, requests: Iterable[Request] = (), *, progress: bool = False, total: int | None = None
+    ) -> list[RequestRecord]:
+        """Step until every request has finished; returns the records.
+
+        ``requests`` is consumed lazily, a request being built only when the clock reaches its
+        arrival, so a long trace never sits in memory as token lists. A source that is not
+        sorted by arrival still works: a late-listed early request is admitted when read.
+        """
         from tqdm.auto import tqdm
 
-        for r in requests:
-            self.add_request(r)
-        with tqdm(total=len(self.records), disable=not progress, unit="req", leave=False) as bar:
-            bar.update(self.num_finished)
+        self._source = iter(requests)
+        self._peeked = None
+        if total is None and hasattr(requests, "__len__"):
+            total = len(requests) + len(self.records)  # type: ignore[arg-type]
+        with tqdm(total=total, disable=not progress, unit="req", leave=False) as bar:
             idle = 0
+            self._pull()
+            bar.update(self.num_finished)
             while self.has_unfinished():
                 before = self.num_finished
                 idle = idle + 1 if self.step() == 0 else 0
@@ -155,6 +167,19 @@ class Engine:
                     raise RuntimeError(f"engine made no progress at step {self.step_count}: {self.waiting!r}")
                 bar.update(self.num_finished - before)
         return list(self.records.values())
+
+    def _pull(self) -> None:
+        """Add source requests until one arrives after the clock (kept as the next arrival)."""
+        while self._source is not None:
+            if self._peeked is None:
+                self._peeked = next(self._source, None)
+                if self._peeked is None:
+                    self._source = None
+                    return
+            if self.pending and self._peeked.arrival_time > self.clock:
+                return  # the heap already knows a later arrival; read on when the clock gets there
+            self.add_request(self._peeked)
+            self._peeked = None
 
     # ---------------------------------------------------------------- one step
     def step(self) -> int:
@@ -245,6 +270,7 @@ class Engine:
 
     # ---------------------------------------------------------------- helpers
     def _move_arrivals(self) -> None:
+        self._pull()
         while self.pending and self.pending[0][0] <= self.clock:
             self.waiting.append(heapq.heappop(self.pending)[2])
 
