@@ -16,6 +16,17 @@ import numpy.typing as npt
 TokenArray = npt.NDArray[np.int64]
 ChildKey = Hashable
 
+# Below this many tokens, comparing raw bytes beats np.array_equal's fixed call overhead (~1.5us);
+# above it, array_equal avoids copying both slices.
+_BYTES_COMPARE_MAX = 4096
+
+
+def _same(x: TokenArray, y: TokenArray) -> bool:
+    """Whether two equal-length token runs are equal: one C-level comparison, no Python loop."""
+    if len(x) <= _BYTES_COMPARE_MAX:
+        return x.tobytes() == y.tobytes()
+    return bool(np.array_equal(x, y))
+
 
 class RadixKey:
     __slots__ = ("token_ids", "extra_key")
@@ -79,11 +90,11 @@ class RadixKey:
         lo, width = 0, 1  # invariant: a[:lo] == b[:lo]
         while lo < n:
             hi = min(lo + width, n)
-            if not np.array_equal(a[lo:hi], b[lo:hi]):
+            if not _same(a[lo:hi], b[lo:hi]):
                 # the first difference lies in [lo, hi): halve until one token is left
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
-                    if np.array_equal(a[lo:mid], b[lo:mid]):
+                    if _same(a[lo:mid], b[lo:mid]):
                         lo = mid
                     else:
                         hi = mid
