@@ -27,9 +27,10 @@ ATTENTION_IMPLS = {"triton": paged_attention, "reference": paged_attention_refer
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Shape of the decoder. The defaults are tiny, for tests under the Triton interpreter."""
+    """Shape of the decoder. Tiny defaults (for the Triton interpreter) but a real vocabulary:
+    the built-in workloads and the engine draw token ids from Llama-2's 32k."""
 
-    vocab_size: int = 512
+    vocab_size: int = 32_000
     n_layers: int = 2
     dim: int = 64
     n_heads: int = 4
@@ -213,21 +214,21 @@ class Model(nn.Module):
         positions: list[int] = []
         slots: list[int] = []
         q_lens: list[int] = []
-        for i, (token_ids, start_pos, table) in enumerate(chunks):
+        for i, (token_ids, start_pos, pages) in enumerate(chunks):
             end = start_pos + len(token_ids)
             if not token_ids or start_pos < 0:
                 raise ValueError(
                     f"chunk {i}: needs >= 1 new token and start_pos >= 0, got {len(token_ids)}, {start_pos}"
                 )
-            if len(table) * ps < end:
+            if len(pages) * ps < end:
                 raise ValueError(
-                    f"chunk {i}: page table of {len(table)} pages of {ps} cannot hold {end} tokens"
+                    f"chunk {i}: page table of {len(pages)} pages of {ps} cannot hold {end} tokens"
                 )
-            if any(not 0 <= p < self.num_pages for p in table):
-                raise ValueError(f"chunk {i}: page ids must be in [0, {self.num_pages}), got {list(table)}")
+            if any(not 0 <= p < self.num_pages for p in pages):
+                raise ValueError(f"chunk {i}: page ids must be in [0, {self.num_pages}), got {list(pages)}")
             tokens.extend(token_ids)
             positions.extend(range(start_pos, end))
-            slots.extend(table[t // ps] * ps + t % ps for t in range(start_pos, end))
+            slots.extend(pages[t // ps] * ps + t % ps for t in range(start_pos, end))
             q_lens.append(len(token_ids))
         if len(set(slots)) != len(slots):  # shared prefix pages are read-only; new KV never is
             raise ValueError("two new tokens of this step would write the same KV slot")
