@@ -1,0 +1,261 @@
+"""Shared plumbing of the studies: cells named from their config, tidy results on disk, reuse.
+
+A *cell* is one run of one cache over one request stream. Its config (a plain JSON dict) names
+its folder, ``results/<study>/<slug>-<hash8>/``, which holds ``config.json``, ``requests``
+(one row per request) and ``summary.json`` (one row of numbers). A cell whose folder already
+holds the same config is read back, not re-run (kvpress/nanochat style), unless ``force``.
+
+Two ways to drive a cache, both only through the ``PrefixCache`` contract:
+
+* ``engine``: the simulated engine (admission, chunked prefill, decode, preemption, simulated
+  clock) with a scheduler; what every synthetic-workload study uses.
+* ``replay``: requests one after another (lookup, allocate, commit, release), no batching and
+  no outputs: the cache-level replay Mooncake's own capacity analysis does; fast on long traces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from prefixcache.experiments.workloads import make_workload
+
+from prefixcache import CacheConfig, PrefixCache, Request, make_cache
+from prefixcache.engine import PLANNED_OUTPUT, Engine
+
+SCALES = ("tiny", "default", "full")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Traces are read in place from the shared data folder (see experiments/traces.py).
+MOONCAKE_TRACES = {
+    "mooncake-conversation": "mooncake_conversation_trace.jsonl",
+    "mooncake-synthetic": "mooncake_synthetic_trace.jsonl",
+}
+
+
+def check_scale(scale: str) -> str:
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
+    return scale
+
+
+# ------------------------------------------------------------------------------ tables on disk
+def write_table(df: pd.DataFrame, stem: Path) -> Path:
+    """Parquet if pyarrow is importable, else CSV; returns the path written."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import pyarrow  # noqa: F401
+
+        path = stem.with_suffix(".parquet")
+        df.to_parquet(path, index=False)
+    except ImportError:
+        path = stem.with_suffix(".csv")
+        df.to_csv(path, index=False)
+    return path
+
+
+def read_table(stem: Path) -> pd.DataFrame:
+    """The table written by ``write_table(…, stem)``; FileNotFoundError if there is none."""
+    for suffix, reader in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
+        path = stem.with_suffix(suffix)
+        if path.exists():
+            return reader(path)
+    raise FileNotFoundError(f"no results table {stem}.parquet or {stem}.csv (run the study first)")
+
+
+# ------------------------------------------------------------------------------ cells
+def cell_name(config: dict[str, Any]) -> str:
+    """Readable slug of the fields that vary most, plus a hash of the whole config."""
+    canon = json.dumps(config, sort_keys=True, default=str)
+    digest = hashlib.sha1(canon.encode()).hexdigest()[:8]
+    parts = [config.get("source", "x"), config.get("label") or config.get("backend", "x"),
+             f"p{config.get('page_size', 0)}", f"c{config.get('capacity_tokens', 0)}",
+             config.get("scheduler", config.get("mode", ""))]
+    slug = "-".join(str(p) for p in parts if p != "")
+    slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in slug)
+    return f"{slug}-{digest}"
+
+
+def cell_config(study: str, *, source: str, backend: str, page_size: int, capacity_tokens: int,
+                mode: str = "engine", scheduler: str = "fcfs", token_budget: int = 2048,
+                options: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
+                label: str | None = None, limit: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """The one dict that defines a cell. ``source`` is a workload name or a trace key of
+    MOONCAKE_TRACES; ``params`` the workload's keywords; ``options`` the backend's."""
+    return dict(study=study, source=source, params=params or {}, limit=limit, mode=mode,
+                backend=backend, options=options or {}, label=label or backend, page_size=page_size,
+                capacity_tokens=capacity_tokens, scheduler=scheduler, token_budget=token_budget,
+                seed=seed)
+
+
+def make_requests(config: dict[str, Any]) -> list[Request]:
+    """Fresh requests for a cell (requests are mutated by a run, so never shared)."""
+    source = config["source"]
+    if source in MOONCAKE_TRACES:
+        from prefixcache.experiments.traces import read_mooncake, to_requests
+
+        records = read_mooncake(MOONCAKE_TRACES[source])
+        return to_requests(records, limit=config["limit"], prefix=source)
+    reqs = make_workload(source, seed=config["seed"], **config["params"]).generate()
+    return reqs[: config["limit"]] if config["limit"] else reqs
+
+
+def build_cache(config: dict[str, Any]) -> PrefixCache:
+    options = dict(config["options"])
+    if config["backend"] == "radix":
+        # A counter instead of wall time: the same run always breaks LRU ties the same way.
+        options.setdefault("clock", itertools.count().__next__)
+    return make_cache(config["backend"], CacheConfig(config["capacity_tokens"], config["page_size"]), **options)
+
+
+def reset_requests(reqs: Sequence[Request]) -> None:
+    """Make replay requests reusable by another cell: nothing computed, no backend memos."""
+    for r in reqs:
+        r.num_computed_tokens = 0
+        r.num_preemptions = 0
+        planned = r.memo.get(PLANNED_OUTPUT)
+        r.memo.clear()
+        if planned is not None:
+            r.memo[PLANNED_OUTPUT] = planned
+
+
+def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
+    """Requests one at a time: lookup, allocate the rest of the prompt, commit, then (if the
+    workload planned one) the answer, release. No batching, no engine clock."""
+    rows = []
+    usable = cache.config.usable_tokens
+    for r in reqs:
+        if r.num_tokens > usable:
+            rows.append((r.request_id, r.num_tokens, 0, True, 0))
+            continue
+        t0 = time.perf_counter_ns()
+        hit = cache.lookup(r)
+        if not cache.allocate(r, r.num_tokens - hit):
+            raise RuntimeError(f"replay: {r.request_id} does not fit in an otherwise idle cache")
+        hit = r.num_computed_tokens
+        r.num_computed_tokens = r.num_tokens
+        cache.commit(r)
+        planned = r.memo.get(PLANNED_OUTPUT)
+        # A planned answer that the next turn repeats: its KV (all but the last token, which
+        # is never fed back) is cached as a decode would leave it.
+        if isinstance(planned, tuple) and len(planned) > 1 and r.num_output_tokens == 0:
+            r.append_output_token_ids(planned)
+            if cache.allocate(r, len(planned) - 1):
+                r.num_computed_tokens = r.num_tokens - 1
+                cache.commit(r)
+        cache.release(r)
+        rows.append((r.request_id, r.num_tokens, hit, False, time.perf_counter_ns() - t0))
+    cols = ["request_id", "prompt_tokens", "hit_tokens", "rejected", "cache_op_ns"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def run_engine(cache: PrefixCache, reqs: Sequence[Request], config: dict[str, Any]) -> tuple[pd.DataFrame, Engine]:
+    engine = Engine(cache, config["scheduler"], config["token_budget"], seed=config["seed"])
+    records = engine.run(reqs)
+    df = pd.DataFrame([asdict(r) for r in records])
+    df["ttft_s"] = df["first_token_time"] - df["arrival_time"]
+    df["latency_s"] = df["finish_time"] - df["arrival_time"]
+    return df, engine
+
+
+def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
+             requests: Sequence[Request] | None = None) -> dict[str, Any]:
+    """Run (or read back) one cell; returns its summary row (config fields + numbers)."""
+    folder = out_root / config["study"] / cell_name(config)
+    summary_path = folder / "summary.json"
+    if not force and summary_path.exists():
+        stored = json.loads((folder / "config.json").read_text())
+        if stored == json.loads(json.dumps(config, default=str)):
+            return dict(json.loads(summary_path.read_text()))
+    t0 = time.perf_counter()
+    if requests is None:
+        requests = make_requests(config)
+    else:
+        reset_requests(requests)
+    cache = build_cache(config)
+    summary: dict[str, Any] = {}
+    if config["mode"] == "replay":
+        df = replay(cache, requests)
+    else:
+        df, engine = run_engine(cache, requests, config)
+        done = df[~df["rejected"]]
+        summary.update(
+            sim_seconds=engine.clock, steps=engine.step_count,
+            ttft_mean_s=float(done["ttft_s"].mean()), ttft_p50_s=float(done["ttft_s"].median()),
+            ttft_p90_s=float(done["ttft_s"].quantile(0.9)),
+            latency_mean_s=float(done["latency_s"].mean()),
+            throughput_tok_s=float((done["prompt_tokens"].sum() + done["output_tokens"].sum())
+                                   / max(engine.clock, 1e-9)),
+            prefill_tokens=engine.prefill_tokens, preemptions=int(df["preemptions"].sum()),
+            peak_pages_in_use=engine.peak_pages_in_use,
+        )
+    stats = cache.stats
+    # The cheap part of check_invariants (the full check costs seconds on a 1M-token pool and
+    # is the property tests' job): every usable page is accounted for.
+    if sum(cache.usage()) != cache.config.num_usable_pages:
+        raise RuntimeError(f"{cell_name(config)}: page accounting broken after the run: {cache.usage()}")
+    summary.update(
+        requests=int(len(df)), rejected=int(df["rejected"].sum()), queries=stats.queries,
+        hits=stats.hits, hit_rate=stats.hit_rate, evicted_tokens=stats.evicted_tokens,
+        prompt_tokens=int(df["prompt_tokens"].sum()), hit_tokens=int(df["hit_tokens"].sum()),
+        cache_op_s=float(df["cache_op_ns"].sum()) * 1e-9, wall_s=time.perf_counter() - t0,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+    write_table(df, folder / "requests")
+    row = {**flat_config(config), **summary, "cell": folder.name}
+    summary_path.write_text(json.dumps(row, indent=2, default=str))
+    return row
+
+
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Config fields as table columns: nested dicts become JSON strings, params spread out."""
+    row = {k: v for k, v in config.items() if not isinstance(v, dict)}
+    row["options"] = json.dumps(config["options"], sort_keys=True)
+    row.update({f"param_{k}": v for k, v in config["params"].items()})
+    return row
+
+
+def run_cells(configs: Sequence[dict[str, Any]], out_root: Path, *, force: bool = False,
+              jobs: int = 2, group: Callable[[dict[str, Any]], Any] | None = None) -> pd.DataFrame:
+    """Run every cell (``jobs`` processes); cells with equal ``group(config)`` run in one
+    process in order, sharing one request list (replay only: trace requests are costly to build)."""
+    from joblib import Parallel, delayed
+
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for i, c in enumerate(configs):
+        groups.setdefault(group(c) if group else i, []).append(c)
+    batches = list(groups.values())
+    if jobs <= 1 or len(batches) == 1:
+        results = [_run_group(b, out_root, force, group is not None) for b in batches]
+    else:
+        results = Parallel(n_jobs=jobs)(delayed(_run_group)(b, out_root, force, group is not None)
+                                        for b in batches)
+    return pd.DataFrame([row for rows in results for row in rows])
+
+
+def _run_group(configs: list[dict[str, Any]], out_root: Path, force: bool, share: bool) -> list[dict[str, Any]]:
+    shared: list[Request] | None = None
+    rows = []
+    for c in configs:
+        if share and c["mode"] == "replay":
+            folder = out_root / c["study"] / cell_name(c)
+            if force or not (folder / "summary.json").exists():
+                shared = shared if shared is not None else make_requests(c)
+            rows.append(run_cell(c, out_root, force=force, requests=shared))
+        else:
+            rows.append(run_cell(c, out_root, force=force))
+    return rows
+
+
+def save_study(df: pd.DataFrame, out_root: Path, study: str, meta: dict[str, Any]) -> None:
+    """The study's tidy table (one row per cell) and its scale/config, which figures read."""
+    write_table(df, out_root / study / "summary")
+    (out_root / study / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
+    print(f"{study}: {len(df)} cells -> {out_root / study}")
