@@ -176,8 +176,9 @@ class Engine:
                 if self._peeked is None:
                     self._source = None
                     return
-            if self.pending and self._peeked.arrival_time > self.clock:
-                return  # the heap already knows a later arrival; read on when the clock gets there
+            t = self._peeked.arrival_time
+            if self.pending and t > self.clock and t >= self.pending[0][0]:
+                return  # the heap already holds the next arrival; read on when the clock gets there
             self.add_request(self._peeked)
             self._peeked = None
 
@@ -250,8 +251,7 @@ class Engine:
                 decode += n
             req.num_computed_tokens += n
             self._timed(req, self.cache.commit)
-        self.step_count += 1
-        self.clock += self.cost_model.step_time(prefill, decode)
+        self.clock += self.cost_model.step_time(prefill, decode)  # times: at the end of the step
         self.prefill_tokens += prefill
         self.decode_tokens += decode
         for idx, (req, _) in enumerate(scheduled):
@@ -267,6 +267,7 @@ class Engine:
                     rec.first_token_step, rec.first_token_time = self.step_count, self.clock
             if req.num_output_tokens >= req.max_new_tokens:
                 self._finish(req)
+        self.step_count += 1  # step numbers count from 0, as admission_step does
 
     # ---------------------------------------------------------------- helpers
     def _move_arrivals(self) -> None:

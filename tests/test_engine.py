@@ -1,0 +1,180 @@
+"""The engine over every registered backend and scheduler, through the PrefixCache contract."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixcache import CacheConfig, Request, available_backends, make_cache
+from prefixcache.engine import PLANNED_OUTPUT, Engine
+from prefixcache.scheduler import available_schedulers, dfs_weight_order, make_scheduler
+from tests.helpers import tokens
+
+
+def _importable(name: str) -> bool:
+    try:
+        make_cache(name, CacheConfig(64, 16))
+    except ImportError:  # a backend still being written is registered before it imports
+        return False
+    return True
+
+
+BACKENDS = [b for b in available_backends() if _importable(b)]
+REUSING = [b for b in BACKENDS if b != "none"]
+PAGE = 4
+
+
+class InvariantEngine(Engine):
+    """Checks the cache's invariants after every step, preemption steps included."""
+
+    def step(self) -> int:
+        n = super().step()
+        self.cache.check_invariants()
+        return n
+
+
+def shared_prefix_requests(n: int = 6, prefix: int = 24, suffix: int = 10, out: int = 3) -> list[Request]:
+    base = tokens(prefix, seed=1)
+    return [Request(f"r{i}", base + tokens(suffix, seed=10 + i), max_new_tokens=out) for i in range(n)]
+
+
+@pytest.mark.parametrize("scheduler", available_schedulers())
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_request_finishes_with_its_output_and_releases_everything(backend: str, scheduler: str) -> None:
+    cache = make_cache(backend, CacheConfig(64 * PAGE, PAGE))
+    engine = InvariantEngine(cache, scheduler, token_budget=16)
+    reqs = shared_prefix_requests()
+    records = engine.run(reqs)
+    assert all(r.finish_step is not None and r.output_tokens == 3 for r in records)
+    assert all(r.num_output_tokens == 3 for r in reqs)
+    assert cache.usage().in_use == 0 and not cache.live_requests
+    if backend != "none":
+        assert sum(r.hit_tokens for r in records) > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_small_capacity_forces_preemption_and_everything_still_finishes(backend: str) -> None:
+    cache = make_cache(backend, CacheConfig(12 * PAGE, PAGE))  # 44 usable tokens
+    engine = InvariantEngine(cache, "fcfs", token_budget=64)
+    reqs = [Request(f"r{i}", tokens(12, seed=i), max_new_tokens=12) for i in range(4)]
+    records = engine.run(reqs)
+    assert sum(r.preemptions for r in records) > 0
+    assert all(r.finish_step is not None and r.output_tokens == 12 for r in records)
+    assert [r.num_preemptions for r in reqs] == [r.preemptions for r in records]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_chunked_prefill_respects_the_token_budget(backend: str) -> None:
+    cache = make_cache(backend, CacheConfig(64 * PAGE, PAGE))
+    engine = InvariantEngine(cache, "fcfs", token_budget=8)
+    req = Request("long", tokens(30), max_new_tokens=2)
+    engine.add_request(req)
+    computed = []
+    while engine.has_unfinished():
+        assert engine.step() <= 8
+        computed.append(req.num_computed_tokens)
+    rec = engine.records["long"]
+    assert computed[:4] == [8, 16, 24, 30]  # ceil(30 / 8) prefill chunks, then decode
+    assert rec.first_token_step == 3 and rec.computed_prefill_tokens == 30
+
+
+def test_arrivals_are_honoured_and_the_idle_clock_jumps() -> None:
+    cache = make_cache("none", CacheConfig(64 * PAGE, PAGE))
+    engine = Engine(cache, "fcfs", token_budget=64)
+    late = Request("late", tokens(8), arrival_time=100.0, max_new_tokens=1)
+    early = Request("early", tokens(8, seed=2), arrival_time=1.0, max_new_tokens=1)
+    records = {r.request_id: r for r in engine.run([late, early])}
+    assert records["early"].admission_time == 1.0
+    assert records["late"].admission_time == 100.0
+    assert records["early"].finish_step < records["late"].admission_step
+
+
+@pytest.mark.parametrize("backend", REUSING)
+def test_planned_outputs_are_emitted_and_reused_by_the_next_turn(backend: str) -> None:
+    cache = make_cache(backend, CacheConfig(64 * PAGE, PAGE))
+    engine = InvariantEngine(cache, "fcfs", token_budget=64)
+    prompt, answer = tokens(20), tokens(8, seed=5)
+    first = Request("t0", prompt, max_new_tokens=8)
+    first.memo[PLANNED_OUTPUT] = tuple(answer)
+    second = Request("t1", prompt + answer + tokens(6, seed=6), arrival_time=10.0, max_new_tokens=1)
+    records = engine.run([first, second])
+    assert list(first.output_token_ids) == answer
+    # the answer's KV is cached except its last token (never computed): 27 tokens, whole pages
+    assert records[1].hit_tokens == 27 // PAGE * PAGE
+
+
+def test_lpm_admits_the_longest_cached_prefix_first() -> None:
+    cache = make_cache(REUSING[0], CacheConfig(64 * PAGE, PAGE)) if REUSING else None
+    if cache is None:
+        pytest.skip("no reusing backend registered yet")
+    engine = Engine(cache, "fcfs", token_budget=64)
+    cached = tokens(24, seed=1)
+    engine.run([Request("warm", cached, max_new_tokens=0)])
+    cold = Request("cold", tokens(30, seed=9))
+    warm = Request("warm2", cached + tokens(6, seed=3))
+    plan = make_scheduler("lpm").schedule([cold, warm], cache.lookup)
+    assert [r.request_id for r in plan.order] == ["warm2", "cold"]
+    assert make_scheduler("fcfs").schedule([cold, warm], cache.lookup).order == [cold, warm]
+
+
+def test_lpm_holds_back_a_request_sharing_32_tokens_with_an_earlier_waiting_one() -> None:
+    base = tokens(40, seed=4)
+    a, b = Request("a", base + [1]), Request("b", base + [2])
+    c = Request("c", tokens(40, seed=8))
+    plan = make_scheduler("lpm").schedule([a, b, c], lambda r: 0)
+    assert plan.held_back == {"b"}
+    assert [r.request_id for r in plan.order] == ["a", "c", "b"]
+    short = [Request("x", base[:31] + [1]), Request("y", base[:31] + [2])]
+    assert not make_scheduler("lpm").schedule(short, lambda r: 0).held_back
+
+
+def test_lpm_falls_back_to_fcfs_above_128_waiting() -> None:
+    reqs = [Request(f"r{i}", tokens(4, seed=i)) for i in range(129)]
+    calls = []
+    plan = make_scheduler("lpm").schedule(reqs, lambda r: calls.append(r) or 0)
+    assert plan.order == reqs and not calls
+
+
+def test_dfs_weight_puts_the_heavier_subtree_first() -> None:
+    x, y = tokens(8, seed=1), tokens(8, seed=2)
+    reqs = [Request("y0", y + [0]), Request("x0", x + [0]), Request("x1", x + [1]), Request("x2", x + [2])]
+    order = [r.request_id for r in dfs_weight_order(reqs)]
+    assert order[:3] == ["x0", "x1", "x2"] and order[3] == "y0"
+
+
+def test_request_that_can_never_fit_is_rejected_not_crashed() -> None:
+    cache = make_cache("none", CacheConfig(4 * PAGE, PAGE))
+    records = Engine(cache, "fcfs", 64).run(
+        [Request("big", tokens(40)), Request("ok", tokens(4), max_new_tokens=1)]
+    )
+    assert records[0].rejected and records[0].finish_step is None
+    assert not records[1].rejected and records[1].finish_step is not None
+
+
+def test_bad_engine_arguments_are_clear_errors() -> None:
+    cache = make_cache("none", CacheConfig(64, 16))
+    with pytest.raises(ValueError, match="token_budget"):
+        Engine(cache, "fcfs", 0)
+    with pytest.raises(ValueError, match="valid: dfs-weight, fcfs, lpm"):
+        Engine(cache, "random", 16)
+
+
+@pytest.mark.skipif(not REUSING, reason="no reusing backend registered yet")
+@pytest.mark.parametrize("backend", REUSING)
+def test_model_mode_greedy_tokens_do_not_depend_on_cache_hits(backend: str) -> None:
+    torch = pytest.importorskip("torch")
+    from prefixcache.model import Model, ModelConfig
+
+    def generate(name: str) -> list[list[int]]:
+        torch.manual_seed(0)
+        config = CacheConfig(48 * PAGE, PAGE)
+        model = Model(ModelConfig(vocab_size=97), config.num_pages, PAGE, attention_impl="reference")
+        reqs = [Request(f"r{i}", r.prompt_token_ids, max_new_tokens=4) for i, r in enumerate(small_shared())]
+        InvariantEngine(make_cache(name, config), "fcfs", 16, model=model).run(reqs)
+        return [list(r.output_token_ids) for r in reqs]
+
+    assert generate(backend) == generate("none")
+
+
+def small_shared() -> list[Request]:
+    base = tokens(14, seed=1, vocab=97)
+    return [Request(f"s{i}", base + tokens(5, seed=20 + i, vocab=97)) for i in range(3)]

@@ -1,0 +1,67 @@
+"""Each metric on a hand-computed example."""
+
+from __future__ import annotations
+
+import pytest
+from prefixcache.experiments.metrics import (
+    block_hit_rate,
+    granularity_loss,
+    records_frame,
+    request_hit_rate,
+    summarize,
+    token_hit_rate,
+)
+
+from prefixcache.engine import CostModel, RequestRecord
+
+
+def example() -> list[RequestRecord]:
+    a = RequestRecord("a", 0.0, 40, 2, hit_tokens=0, computed_prefill_tokens=40, first_token_time=1.0)
+    b = RequestRecord(
+        "b",
+        0.5,
+        40,
+        2,
+        hit_tokens=32,
+        computed_prefill_tokens=8,
+        first_token_time=1.5,
+        evicted_tokens=16,
+        preemptions=1,
+        cache_op_ns=3000,
+    )
+    c = RequestRecord("c", 0.0, 20, 2, hit_tokens=20 - 4, computed_prefill_tokens=4, first_token_time=2.0)
+    gone = RequestRecord("gone", 0.0, 999, 1, rejected=True)
+    return [a, b, c, gone]
+
+
+def test_hit_rates_by_hand() -> None:
+    recs = example()
+    assert token_hit_rate(recs) == pytest.approx(48 / 100)  # the rejected request is left out
+    assert request_hit_rate(recs) == pytest.approx(2 / 3)
+    # page 16: blocks 3 + 3 + 2 = 8; hit blocks 0 + 2 + 1 = 3
+    assert block_hit_rate(recs, 16) == pytest.approx(3 / 8)
+
+
+def test_summary_by_hand() -> None:
+    cost = CostModel(step_overhead_s=0.0, prefill_token_s=0.01, decode_token_s=0.0)
+    s = summarize(example(), page_size=16, peak_pages_in_use=7, cost_model=cost)
+    assert (s["requests"], s["rejected"], s["prompt_tokens"]) == (4, 1, 100)
+    assert (s["prefill_tokens_computed"], s["prefill_tokens_saved"]) == (52, 48)
+    assert (s["evicted_tokens"], s["preemptions"], s["peak_pages_in_use"]) == (16, 1, 7)
+    assert s["cache_op_us_per_request"] == pytest.approx(1.0)
+    assert s["ttft_mean_s"] == pytest.approx((1.0 + 1.0 + 2.0) / 3)
+    assert s["isolated_ttft_mean_s"] == pytest.approx(0.01 * 52 / 3)
+
+
+def test_records_frame_is_tidy_with_derived_columns() -> None:
+    df = records_frame(example())
+    assert len(df) == 4 and {"ttft_s", "isolated_ttft_s", "cache_op_us"} <= set(df.columns)
+    assert df.loc[df.request_id == "b", "ttft_s"].item() == pytest.approx(1.0)
+
+
+def test_granularity_loss_is_the_token_hit_modulo_the_page() -> None:
+    shared = list(range(100, 121))  # 21 shared tokens
+    prompts = [shared + [1, 2, 3], shared + [4, 5], list(range(30))]
+    # token-level hits: 0, 21, 0; a 16-token page cache keeps 16 of the 21
+    assert granularity_loss(prompts, 16) == (5, pytest.approx(5 / 3))
+    assert granularity_loss(prompts, 1) == (0, 0.0)

@@ -1,0 +1,84 @@
+"""Trace readers and writers."""
+
+from __future__ import annotations
+
+import pytest
+from prefixcache.experiments.traces import (
+    MOONCAKE_BLOCK,
+    TraceError,
+    TraceRecord,
+    data_dir,
+    hash_ids_of,
+    infinite_cache_block_hit_rate,
+    read_azure,
+    read_mooncake,
+    to_requests,
+    write_mooncake,
+)
+
+
+def test_mooncake_round_trip(tmp_path) -> None:
+    records = [TraceRecord(0.0, 1000, 5, (0, 1)), TraceRecord(1.5, 600, 7, (0, 2))]
+    write_mooncake(tmp_path / "t.jsonl", records)
+    assert read_mooncake(tmp_path / "t.jsonl") == records
+
+
+def test_mooncake_blocks_expand_deterministically_and_share_equal_ids() -> None:
+    a, b = to_requests([TraceRecord(0.0, 1000, 5, (0, 1)), TraceRecord(1.0, 600, 7, (0, 2))])
+    assert a.num_prompt_tokens == 1000 and b.num_prompt_tokens == 600
+    assert a.prompt_token_ids[:MOONCAKE_BLOCK] == b.prompt_token_ids[:MOONCAKE_BLOCK]
+    assert a.prompt_token_ids[MOONCAKE_BLOCK : MOONCAKE_BLOCK + 88] != b.prompt_token_ids[MOONCAKE_BLOCK:]
+    assert (a.arrival_time, a.max_new_tokens) == (0.0, 5)
+    again = to_requests([TraceRecord(0.0, 1000, 5, (0, 1))])[0]
+    assert again.prompt_token_ids == a.prompt_token_ids
+
+
+def test_hash_ids_of_token_prompts_round_trip_through_the_expansion() -> None:
+    reqs = to_requests([TraceRecord(0.0, 1100, 1, (0, 1, 2)), TraceRecord(0.0, 700, 1, (0, 3))])
+    assert hash_ids_of([r.prompt_token_ids for r in reqs]) == [(0, 1, 2), (0, 3)]
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "hash_ids"),
+        ('{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}', "needs 2 hash ids"),
+        ("not json", "malformed"),
+    ],
+)
+def test_malformed_mooncake_line_names_file_and_line(tmp_path, line: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n' + line + "\n"
+    )
+    with pytest.raises(TraceError, match=rf"bad.jsonl:2: .*{message}"):
+        read_mooncake(path)
+
+
+def test_azure_csv_gives_arrivals_and_lengths_without_sharing(tmp_path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.1805900,10,2\n"
+    )
+    records = read_azure(path)
+    assert [(r.timestamp, r.input_length, r.output_length) for r in records] == [(0.0, 374, 44), (3.5, 10, 2)]
+    assert infinite_cache_block_hit_rate(records) == 0.0
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,x,1\n")
+    with pytest.raises(TraceError, match="a.csv:2"):
+        read_azure(path)
+
+
+def test_infinite_cache_block_hit_rate_stops_at_the_first_miss() -> None:
+    records = [TraceRecord(0, 1536, 1, (0, 1, 2)), TraceRecord(0, 1536, 1, (0, 5, 2))]
+    assert infinite_cache_block_hit_rate(records) == pytest.approx(1 / 6)
+
+
+def test_shared_mooncake_traces_reproduce_the_published_infinite_cache_hit_rates() -> None:
+    try:
+        root = data_dir()
+    except FileNotFoundError:
+        pytest.skip("trace data not available")
+    conv = read_mooncake(root / "mooncake_conversation_trace.jsonl")
+    assert len(conv) == 12031
+    assert infinite_cache_block_hit_rate(conv) == pytest.approx(0.366, abs=0.001)
