@@ -115,7 +115,10 @@ def build_cache(config: dict[str, Any]) -> PrefixCache:
 
 
 def reset_requests(reqs: Sequence[Request]) -> None:
-    """Make replay requests reusable by another cell: nothing computed, no backend memos."""
+    """Make prompt-only replay requests reusable by another cell: nothing computed, no backend
+    memos. (A request whose planned answer a replay appended is not reusable: its prompt grew.)"""
+    if any(r.num_output_tokens for r in reqs):
+        raise ValueError("replay requests with appended outputs cannot be shared between cells")
     for r in reqs:
         r.num_computed_tokens = 0
         r.num_preemptions = 0
@@ -132,7 +135,7 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
     usable = cache.config.usable_tokens
     for r in reqs:
         if r.num_tokens > usable:
-            rows.append((r.request_id, r.num_tokens, 0, True, 0))
+            rows.append((r.request_id, r.num_prompt_tokens, 0, True, 0))
             continue
         t0 = time.perf_counter_ns()
         hit = cache.lookup(r)
@@ -150,7 +153,7 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
                 r.num_computed_tokens = r.num_tokens - 1
                 cache.commit(r)
         cache.release(r)
-        rows.append((r.request_id, r.num_tokens, hit, False, time.perf_counter_ns() - t0))
+        rows.append((r.request_id, r.num_prompt_tokens, hit, False, time.perf_counter_ns() - t0))
     cols = ["request_id", "prompt_tokens", "hit_tokens", "rejected", "cache_op_ns"]
     return pd.DataFrame(rows, columns=cols)
 
