@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: setup test test-thorough bench reproduce lint clean
+.PHONY: setup test test-thorough mutants bench reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 
 test-thorough: $(STAMP)
 	HYPOTHESIS_PROFILE=thorough $(PYTEST) -n 2 --ignore=tests/bench tests
+
+mutants: $(STAMP)
+	$(BIN)/python -m tests.mutants
 
 bench: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.bench

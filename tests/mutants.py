@@ -1,0 +1,97 @@
+"""Break one behaviour at a time and check that the property suites notice (``make mutants``).
+
+Each mutant is a literal text substitution in one backend file. For each, the property-based
+suites run in the ``ci`` profile; a mutant that leaves them green is a hole in the proof. The
+source is restored afterwards whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ["tests/test_properties_equivalence.py", "tests/test_stateful.py", "tests/test_oracle_hashchain.py"]
+
+# name -> (file, original text, mutated text)
+MUTANTS: dict[str, tuple[str, str, str]] = {
+    "hashchain: no n-1 cap": (
+        "backends/hashchain/manager.py",
+        "max_num_blocks = (request.num_tokens - 1) // self.block_size",
+        "max_num_blocks = request.num_tokens // self.block_size",
+    ),
+    "radix: no n-1 cap": (
+        "backends/radix/backend.py",
+        "return self.tree.match_prefix(request_key(req)[: req.num_tokens - 1]).length",
+        "return self.tree.match_prefix(request_key(req)).length",
+    ),
+    "hashchain: forward-order free": (
+        "backends/hashchain/manager.py",
+        'self.block_pool.free_blocks(reversed(blocks) if self.free_order == "reverse" else blocks)',
+        "self.block_pool.free_blocks(blocks)",
+    ),
+    "radix: no split on match (stop at the last whole node)": (
+        "backends/radix/cache.py",
+        "                child = self._split_node(child, n, now)\n            assert child.value is not None",
+        "                break\n            assert child.value is not None",
+    ),
+    "radix: duplicates computed after re-pointing (frees slots still in use)": (
+        "backends/radix/backend.py",
+        "        duplicates = live.pages[live.protected // p : cached // p]\n"
+        "        match = self.tree.match_prefix(key)\n"
+        '        assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"\n'
+        "        # Re-point at the tree's pages first; only then free our duplicate copies.\n"
+        "        live.pages[live.protected // p : aligned // p] = self._pages_of(match.indices[live.protected :])\n",
+        "        match = self.tree.match_prefix(key)\n"
+        "        live.pages[live.protected // p : aligned // p] = self._pages_of(match.indices[live.protected :])\n"
+        "        duplicates = live.pages[live.protected // p : cached // p]\n",
+    ),
+    "radix: duplicate slots never freed": (
+        "backends/radix/backend.py",
+        "        self.pool.free(duplicates)\n",
+        "",
+    ),
+    "hashchain: salt not hashed": (
+        "backends/hashchain/hashing.py",
+        "if start == 0 and req.cache_salt is not None:",
+        "if False:",
+    ),
+    "radix: salt not in the namespace": (
+        "backends/radix/backend.py",
+        '(("lora", lora_name), ("cache_salt", cache_salt))',
+        '(("lora", lora_name),)',
+    ),
+}
+
+
+def run_suites() -> bool:
+    env = dict(os.environ, HYPOTHESIS_PROFILE="ci")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *SUITES]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True).returncode == 0
+
+
+def main() -> int:
+    survivors = []
+    for name, (rel, original, mutated) in MUTANTS.items():
+        path = ROOT / rel
+        source = path.read_text()
+        if source.count(original) != 1:
+            print(f"{name}: ORIGINAL TEXT NOT FOUND in {rel}; update the mutant")
+            survivors.append(name)
+            continue
+        try:
+            path.write_text(source.replace(original, mutated))
+            caught = not run_suites()
+        finally:
+            path.write_text(source)
+        print(f"{'caught  ' if caught else 'SURVIVED'}  {name}")
+        if not caught:
+            survivors.append(name)
+    print(f"{len(MUTANTS) - len(survivors)} of {len(MUTANTS)} mutants caught")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
