@@ -29,8 +29,10 @@ from prefixcache.experiments.workloads import make_workload
 
 from prefixcache import CacheConfig, PrefixCache, Request, make_cache
 from prefixcache.engine import PLANNED_OUTPUT, Engine
+from prefixcache.scheduler import dfs_weight_order
 
 SCALES = ("tiny", "default", "full")
+OFFLINE_DFS = "dfs-offline"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Traces are read in place from the shared data folder (see experiments/traces.py).
 MOONCAKE_TRACES = {
@@ -111,7 +113,8 @@ def build_cache(config: dict[str, Any]) -> PrefixCache:
     if config["backend"] == "radix":
         # A counter instead of wall time: the same run always breaks LRU ties the same way.
         options.setdefault("clock", itertools.count().__next__)
-    return make_cache(config["backend"], CacheConfig(config["capacity_tokens"], config["page_size"]), **options)
+    config_ = CacheConfig(config["capacity_tokens"], config["page_size"])
+    return make_cache(config["backend"], config_, **options)
 
 
 def reset_requests(reqs: Sequence[Request]) -> None:
@@ -158,8 +161,15 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def run_engine(cache: PrefixCache, reqs: Sequence[Request], config: dict[str, Any]) -> tuple[pd.DataFrame, Engine]:
-    engine = Engine(cache, config["scheduler"], config["token_budget"], seed=config["seed"])
+def run_engine(
+    cache: PrefixCache, reqs: Sequence[Request], config: dict[str, Any]
+) -> tuple[pd.DataFrame, Engine]:
+    scheduler = config["scheduler"]
+    if scheduler == OFFLINE_DFS:
+        # Queue pre-sorted in DFS order of the token trie, then served FCFS: the order SGLang's
+        # Theorem 3.1 proves optimal. The engine keeps insertion order among equal arrivals.
+        reqs, scheduler = dfs_weight_order(reqs), "fcfs"
+    engine = Engine(cache, scheduler, config["token_budget"], seed=config["seed"])
     records = engine.run(reqs)
     df = pd.DataFrame([asdict(r) for r in records])
     df["ttft_s"] = df["first_token_time"] - df["arrival_time"]
@@ -243,7 +253,9 @@ def run_cells(configs: Sequence[dict[str, Any]], out_root: Path, *, force: bool 
     return pd.DataFrame([row for rows in results for row in rows])
 
 
-def _run_group(configs: list[dict[str, Any]], out_root: Path, force: bool, share: bool) -> list[dict[str, Any]]:
+def _run_group(
+    configs: list[dict[str, Any]], out_root: Path, force: bool, share: bool
+) -> list[dict[str, Any]]:
     shared: list[Request] | None = None
     rows = []
     for c in configs:

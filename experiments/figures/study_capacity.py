@@ -21,10 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
-from prefixcache.engine import PLANNED_OUTPUT
 from prefixcache.experiments import bounds
-from prefixcache.experiments.traces import mooncake_prompt, read_mooncake
 from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
     cell_config,
@@ -34,6 +31,9 @@ from prefixcache.experiments.figures.common import (
     run_cells,
     save_study,
 )
+from prefixcache.experiments.traces import mooncake_prompt, read_mooncake
+
+from prefixcache.engine import PLANNED_OUTPUT
 
 STUDY = "capacity"
 PAGE = 16

@@ -44,7 +44,8 @@ CAPACITY_TOKENS = 1 << 18
 
 def jittered(workload: str, seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(1000 + seed)
-    return {k: int(rng.integers(int(v * 0.75), int(v * 1.25) + 1)) for k, v in LENGTH_FIELDS[workload].items()}
+    fields = LENGTH_FIELDS[workload]
+    return {k: int(rng.integers(int(v * 0.75), int(v * 1.25) + 1)) for k, v in fields.items()}
 
 
 def configs(scale: str) -> list[dict[str, Any]]:
