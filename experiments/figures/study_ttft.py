@@ -1,0 +1,91 @@
+"""Study: time to first token against the cache hit rate (SGLang Fig. 8a/b analogue).
+
+SGLang varies how much of each prompt is shared and plots TTFT against the hit rate that
+results. Here: SGLang's generated-shared-prefix workload with a fixed prompt length and a
+shared system prompt of ``fraction`` of it, Poisson arrivals, served by the simulated engine
+(its ``CostModel``: a fixed step overhead plus per-token prefill and decode costs; queueing
+included). Beside the measured TTFT, ``metrics.isolated_ttft_s`` gives the no-queue estimate
+``step_overhead + prefill_token_s * (prompt - hit)``. Backends at their native page sizes,
+and the no-reuse baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from prefixcache.experiments.figures.common import (
+    cell_config,
+    cell_name,
+    check_scale,
+    read_table,
+    run_cells,
+    save_study,
+)
+from prefixcache.experiments.metrics import isolated_ttft_s
+
+from prefixcache.engine import CostModel
+
+STUDY = "ttft"
+BACKENDS = [("radix", 1), ("hashchain", 16), ("none", 16)]
+PROMPT_LEN = 1024
+SCALE = {
+    "tiny": dict(fractions=[0.0, 0.75], groups=2, per_group=6, rate=18.0),
+    "default": dict(fractions=[0.0, 0.25, 0.5, 0.75, 0.875, 0.95], groups=4, per_group=32, rate=18.0),
+    "full": dict(fractions=[0.0, 0.125, 0.25, 0.5, 0.625, 0.75, 0.875, 0.95, 0.99], groups=8, per_group=64,
+                 rate=18.0),
+}
+CAPACITY_TOKENS = 1 << 17
+
+
+def configs(scale: str) -> list[dict[str, Any]]:
+    s = SCALE[check_scale(scale)]
+    out = []
+    for frac in s["fractions"]:
+        shared = round(frac * PROMPT_LEN)
+        params = dict(num_groups=s["groups"], prompts_per_group=s["per_group"], system_prompt_len=shared,
+                      question_len=PROMPT_LEN - shared, output_len=16, shuffle=True, request_rate=s["rate"])
+        if shared == 0:  # no system prompt at all: the workload needs a non-empty one
+            params.update(system_prompt_len=1, question_len=PROMPT_LEN - 1)
+        for backend, page in BACKENDS:
+            c = cell_config(STUDY, source="generated-shared-prefix", backend=backend, page_size=page,
+                            capacity_tokens=CAPACITY_TOKENS, scheduler="lpm", params=params)
+            c["shared_fraction"] = frac
+            out.append(c)
+    return out
+
+
+def isolated_estimates(configs_: list[dict[str, Any]], out: Path) -> list[float]:
+    """Mean no-queue TTFT per cell, from its stored per-request table."""
+    cost = CostModel()
+    values = []
+    for c in configs_:
+        df = read_table(out / STUDY / cell_name(c) / "requests")
+        df = df[~df["rejected"]]
+        values.append(float(isolated_ttft_s(df["prompt_tokens"], df["hit_tokens"], cost).mean()))
+    return values
+
+
+def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -> Path:
+    cfgs = configs(scale)
+    df = run_cells(cfgs, out, force=force, jobs=jobs)
+    df["isolated_ttft_mean_s"] = isolated_estimates(cfgs, out)
+    save_study(df, out, STUDY, {"scale": scale, **SCALE[scale], "prompt_len": PROMPT_LEN,
+                                "capacity_tokens": CAPACITY_TOKENS, "cost_model": str(CostModel())})
+    return out / STUDY
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", default="default", choices=list(SCALE))
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args(argv)
+    run(Path(a.out), a.scale, a.force, a.jobs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
