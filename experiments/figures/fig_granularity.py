@@ -1,0 +1,83 @@
+"""Figure: hit rate and tokens lost per divergence against the block/page size B, set against
+the (B-1)/2 estimate. Reads ``results/granularity``; writes ``figures/granularity`` and
+``generated/granularity.tex``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from prefixcache.experiments.figures.common import read_table
+from prefixcache.experiments.figures.plotting import PALETTE, figure_main, fmt, load, save, write_macros
+
+STUDY = "granularity"
+
+
+def losses(results: Path, summary: pd.DataFrame) -> pd.DataFrame:
+    """Mean tokens lost per request that hits at B=1, per (source, seed, backend, B)."""
+    rows = []
+    for (source, seed, backend), g in summary.groupby(["source", "seed", "backend"]):
+        tables = {int(r.page_size): read_table(results / STUDY / r.cell / "requests") for r in g.itertuples()}
+        ref = tables[min(tables)].set_index("request_id")["hit_tokens"]
+        hitting = ref[ref > 0]
+        for page, t in tables.items():
+            hit = t.set_index("request_id")["hit_tokens"].reindex(hitting.index)
+            rows.append(dict(source=source, seed=seed, backend=backend, page_size=page,
+                             loss=float((hitting - hit).mean()) if len(hitting) else 0.0))
+    return pd.DataFrame(rows)
+
+
+def make(results: Path, paper: Path) -> list[Path]:
+    df = load(results, STUDY)
+    if int(df["evicted_tokens"].max()) != 0:
+        raise RuntimeError("granularity cells evicted: capacity too small, the study measures more than B")
+    loss = losses(results, df)
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 2.8))
+    mean_hr = df.groupby(["source", "backend", "page_size"], as_index=False)["hit_rate"].mean()
+    for (_source, backend), g in mean_hr.groupby(["source", "backend"]):
+        axes[0].plot(g["page_size"], g["hit_rate"], marker="o" if backend == "hashchain" else None,
+                     ls="-" if backend == "hashchain" else "--", color=PALETTE[backend], alpha=0.6, lw=1)
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("block / page size B (tokens)")
+    axes[0].set_ylabel("token hit rate")
+    axes[0].set_title("hit rate (o-: hashchain, --: radix)")
+    per = loss.groupby(["source", "page_size"], as_index=False)["loss"].mean()
+    for _, g in per.groupby("source"):
+        axes[1].plot(g["page_size"], g["loss"], color="0.6", lw=0.8)
+    mean_loss = loss.groupby("page_size")["loss"].mean()
+    axes[1].plot(mean_loss.index, mean_loss.values, "o-", color="black", label="measured (mean of workloads)")
+    pages = sorted(mean_loss.index)
+    axes[1].plot(pages, [(b - 1) / 2 for b in pages], ":", color=PALETTE["bound"], label="(B-1)/2")
+    axes[1].set_ylabel("tokens lost per hitting request")
+    axes[1].set_title("loss at the divergence")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    out = [save(fig, "granularity", paper)]
+
+    both = df.pivot_table(index=["source", "seed", "page_size"], columns="backend", values="hit_rate")
+    max_diff = float((both["hashchain"] - both["radix"]).abs().max()) * 100
+    hr = df.groupby("page_size")["hit_rate"].mean()
+    values = {
+        "granLossSixteen": fmt(float(mean_loss.get(16, float("nan")))),
+        "granEstSixteen": fmt(7.5),
+        "granLossRatioSixteen": fmt(float(mean_loss.get(16, float("nan"))) / 7.5, 2),
+        "granLossSixtyFour": fmt(float(mean_loss.get(64, float("nan")))),
+        "granDropSixteen": fmt(float(hr.get(1, float("nan")) - hr.get(16, float("nan"))) * 100),
+        "granDropSixtyFour": fmt(float(hr.get(1, float("nan")) - hr.get(64, float("nan"))) * 100),
+        "granMaxBackendDiff": fmt(max_diff, 2),
+        "granWorkloads": str(df["source"].nunique()),
+        "granSeeds": str(df["seed"].nunique()),
+        "granCells": str(len(df)),
+    }
+    out.append(write_macros(paper, "granularity", values))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    return figure_main(make, __doc__, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
