@@ -1,0 +1,104 @@
+"""Reproduce the paper: run every study (reusing stored cells unless ``--force``), regenerate
+every figure and table from the stored results, then build ``paper/main.pdf`` if LaTeX is
+installed (figures and tables are made either way).
+
+    python -m prefixcache.experiments.figures.reproduce --scale default   # minutes on 2 cores
+    python -m prefixcache.experiments.figures.reproduce --scale full      # longer, whole traces
+
+Scales: ``tiny`` (the end-to-end test, seconds), ``default``, ``full``. The operation-cost
+figure reads ``results/bench/ops.csv``; if it is missing, ``bench --quick`` makes one (or the
+full bench at full scale). The kernel figure reads ``results/kernel_bench/results.csv`` if a
+GPU run left one, and otherwise says the kernel was not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from prefixcache.experiments.figures import (
+    fig_capacity,
+    fig_eviction,
+    fig_granularity,
+    fig_kernel,
+    fig_ops,
+    fig_scheduling,
+    fig_ttft,
+    plotting,
+    study_capacity,
+    study_eviction,
+    study_granularity,
+    study_scheduling,
+    study_ttft,
+    tab_features,
+    tab_published,
+)
+from prefixcache.experiments.figures.common import SCALES
+
+STUDIES = [study_granularity, study_capacity, study_scheduling, study_eviction, study_ttft]
+FIGURES = [fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_ttft, fig_ops, fig_kernel,
+           tab_published, tab_features]
+LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
+
+
+def run_bench(results: Path, scale: str, force: bool) -> None:
+    ops = results / "bench" / "ops.csv"
+    if ops.exists() and not force:
+        return
+    from prefixcache.experiments import bench
+
+    bench.main(["--out", str(results / "bench")] + ([] if scale == "full" else ["--quick", "--repeat", "2"]))
+
+
+def build_pdf(paper: Path) -> bool:
+    """latexmk (else pdflatex + bibtex) in ``paper``; False, with how to install, if absent."""
+    if shutil.which("latexmk"):
+        cmd = [["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "main.tex"]]
+    elif shutil.which("pdflatex"):
+        pdf = ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "main.tex"]
+        cmd = [pdf, ["bibtex", "main"], pdf, pdf]
+    else:
+        print(f"no LaTeX found: figures and tables are made; to build paper/main.pdf: {LATEX_INSTALL}")
+        return False
+    for c in cmd:
+        r = subprocess.run(c, cwd=paper, capture_output=True, text=True)
+        if r.returncode != 0 and c[0] != "bibtex":
+            print(f"{' '.join(c)} failed (see {paper / 'main.log'}):\n{r.stdout[-2000:]}")
+            return False
+    print(f"built {paper / 'main.pdf'}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", default="default", choices=list(SCALES))
+    ap.add_argument("--force", action="store_true", help="re-run cells already stored")
+    ap.add_argument("--out", default="results", help="results folder")
+    ap.add_argument("--paper", default=str(plotting.PAPER), help="paper folder (figures/, generated/)")
+    ap.add_argument("--jobs", type=int, default=2, help="processes per study")
+    ap.add_argument("--no-pdf", action="store_true", help="skip the LaTeX build")
+    ap.add_argument("--skip-bench", action="store_true", help="never run the operation-cost bench")
+    a = ap.parse_args(argv)
+    results, paper = Path(a.out), Path(a.paper)
+    t0 = time.perf_counter()
+    for study in STUDIES:
+        t = time.perf_counter()
+        study.run(results, a.scale, a.force, a.jobs)
+        print(f"  {study.STUDY}: {time.perf_counter() - t:.1f} s")
+    if not a.skip_bench:
+        run_bench(results, a.scale, a.force)
+    plotting.style()
+    for fig in FIGURES:
+        for p in fig.make(results, paper):
+            print(f"wrote {p}")
+    pdf = False if a.no_pdf else build_pdf(paper)
+    print(f"reproduce ({a.scale}): studies, figures and tables in {time.perf_counter() - t0:.0f} s"
+          + ("" if pdf else "; paper/main.pdf not built"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
