@@ -211,3 +211,21 @@ def test_tree_slots_are_per_token_indices_of_whole_pages() -> None:
     cache.release(r)
     m = cache.cache.tree.match_prefix(RadixKey(tokens(9)[:8]))
     assert m.indices.tolist() == [p * page + o for p in table[:2] for o in range(page)]
+
+
+def test_decode_commits_publish_nothing_until_release_as_sglang() -> None:
+    """SGLang inserts at prefill-chunk ends and at finish, never after a decode step."""
+    cache = checked("radix", 256, 1)
+    r = Request("r", tokens(10))
+    assert cache.allocate(r, 10)
+    r.num_computed_tokens = 10
+    cache.commit(r)
+    for step in range(5):
+        r.append_output_token_ids(step)
+        assert cache.allocate(r, 1)
+        r.num_computed_tokens += 1
+        cache.commit(r)
+    probe = list(r.all_token_ids) + [99]
+    assert cache.lookup(Request("probe", probe)) == 10  # the prompt only
+    cache.release(r)
+    assert cache.lookup(Request("probe2", probe)) == 15  # prompt and output

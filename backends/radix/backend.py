@@ -80,6 +80,7 @@ class _Live:
     protected: int  # cache_protected_len: leading tokens whose slots belong to the tree
     last_node: TreeNode  # holds the lock on the tree part
     hits_counted: int  # tokens of its path already counted in hit_count (once per request)
+    prefill_end: int  # tokens it had at admission: commits publish up to here, release the rest
 
 
 class RadixPrefixCache(PrefixCache):
@@ -145,7 +146,7 @@ class RadixPrefixCache(PrefixCache):
         assert new_pages is not None
         # [0, hit) tree pages (locked) | [hit, total) our own pages
         pages = self._pages_of(match.indices) + new_pages.tolist()
-        self._live_state[req.request_id] = _Live(pages, match.length, match.last_node, 0)
+        self._live_state[req.request_id] = _Live(pages, match.length, match.last_node, 0, req.num_tokens)
         self._admitted(req, match.length)
         return True
 
@@ -164,7 +165,9 @@ class RadixPrefixCache(PrefixCache):
     def _commit(self, req: Request) -> None:
         """SGLang's ``cache_unfinished_req``: publish the computed whole pages."""
         live = self._live_state[req.request_id]
-        aligned = req.num_computed_tokens // self.page_size * self.page_size
+        # SGLang inserts at the end of each prefill chunk (cache_unfinished_req) but not after
+        # decode steps: output tokens reach the tree at release (cache_finished_req).
+        aligned = min(req.num_computed_tokens, live.prefill_end) // self.page_size * self.page_size
         if self.tree.disable or aligned <= live.protected:
             return
         p = self.page_size
