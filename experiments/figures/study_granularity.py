@@ -32,7 +32,7 @@ LENGTH_FIELDS: dict[str, dict[str, int]] = {
     "tree-of-thought": {"root_len": 256, "thought_len": 48},
 }
 SCALE = {
-    "tiny": dict(workloads=["generated-shared-prefix", "multi-turn-chat"], seeds=1, pages=[1, 4, 16]),
+    "tiny": dict(workloads=["generated-shared-prefix", "multi-turn-chat"], seeds=1, pages=[1, 16, 64]),
     "default": dict(workloads=list(LENGTH_FIELDS), seeds=3, pages=[1, 2, 4, 8, 16, 32, 64]),
     "full": dict(workloads=list(LENGTH_FIELDS), seeds=10, pages=[1, 2, 4, 8, 16, 32, 64]),
 }
