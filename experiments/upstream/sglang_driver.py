@@ -1,0 +1,186 @@
+"""Replay a scenario through SGLang's own RadixCache and token-to-KV allocator, driven as its
+scheduler drives them (batches of one request):
+
+admission   match_prefix(RadixKey(fill_ids, limit=len-1)), lock(last_node), then the allocator:
+            page 1: alloc_token_slots = evict_to_free_tokens(n) + alloc(n);
+            page>1: alloc_paged_token_slots_extend = evict_to_free_tokens(n + page) + alloc_extend
+decode      page 1: the same with n=1; page>1: evict_to_free_tokens(page) + alloc_decode
+after an extend   RadixCache.checkpoint (insert, free duplicates, re-match, re-lock)
+finish      release_kv_cache(checkpoint=True): checkpoint up to the KV length, free the unshared
+            rest of the row, unlock.
+The request object handed to ``checkpoint`` is a small stand-in carrying only the fields it reads.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from types import SimpleNamespace
+from typing import Any
+
+from prefixcache.experiments.upstream import shim
+
+import torch  # noqa: E402
+import sglang.srt.mem_cache.radix_cache as radix_mod  # noqa: E402
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
+
+shim.deterministic_clock(radix_mod)
+
+
+class _ReqToTokenPool:
+    """What RadixCache.checkpoint touches of SGLang's ReqToTokenPool."""
+
+    def __init__(self, rows: int, width: int) -> None:
+        self.req_to_token = torch.zeros((rows, width), dtype=torch.int64)
+
+    def write(self, indices, values) -> None:  # type: ignore[no-untyped-def]
+        self.req_to_token[indices] = values
+
+
+class _Req:
+    def __init__(self, rid: str, prompt: list[int], salt: str | None, row: int) -> None:
+        self.rid = rid
+        self.origin_input_ids = list(prompt)
+        self.output_ids: list[int] = []
+        self.extra_key = None
+        self.cache_salt = salt
+        self.priority = None
+        self.lock = None
+        self.last_node = None
+        self.kv = SimpleNamespace(req_pool_idx=row, swa_evict_floor=0, cache_inserted_len=0,
+                                  cache_protected_len=0)
+        self.allocated = 0  # row positions holding slots
+        self.computed = 0  # row positions whose KV is written
+        self.decoding = False
+
+    @property
+    def full_untruncated_fill_ids(self) -> array:
+        return array("q", self.origin_input_ids + self.output_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+
+def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[list[dict[str, Any]], float]:
+    ps = scenario["page_size"]
+    size = scenario["capacity_tokens"] - ps  # usable slots; slot/page 0 is SGLang's padding slot
+    if ps == 1:
+        alloc = TokenToKVPoolAllocator(size, torch.float16, "cpu", None, need_sort)
+    else:
+        alloc = PagedTokenToKVPoolAllocator(size, ps, torch.float16, "cpu", None, need_sort)
+        alloc.use_triton_kernels = False
+    rtt = _ReqToTokenPool(64, 4096)
+    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=rtt,
+                                      token_to_kv_pool_allocator=alloc, page_size=ps))
+    reqs: dict[str, _Req] = {}
+    live: set[str] = set()
+    next_row = [0]
+    records: list[dict[str, Any]] = []
+    spent = 0.0
+
+    def row_of(r: _Req) -> torch.Tensor:
+        return rtt.req_to_token[r.kv.req_pool_idx]
+
+    def pages(r: _Req) -> list[int]:
+        slots = row_of(r)[: r.allocated]
+        return [int(x) for x in (slots[::ps] // ps)]
+
+    def grow(r: _Req, n: int, decode: bool) -> bool:
+        start = r.allocated
+        if ps == 1:
+            alloc.evict_to_free_tokens(tree, n)
+            out = alloc.alloc(n)
+        elif decode:
+            alloc.evict_to_free_tokens(tree, ps)
+            last = row_of(r)[start - 1: start].clone()
+            out = alloc.alloc_decode(torch.tensor([start + 1]), torch.tensor([start + 1]), last)
+        else:
+            alloc.evict_to_free_tokens(tree, n + ps)
+            last = row_of(r)[start - 1: start].clone() if start else torch.tensor([-1])
+            out = alloc.alloc_extend(torch.tensor([start]), torch.tensor([start]), torch.tensor([start + n]),
+                                     torch.tensor([start + n]), last, n)
+        if out is None:
+            return False
+        row_of(r)[start: start + n] = out
+        r.allocated = start + n
+        return True
+
+    def release(r: _Req) -> None:
+        # release_kv_cache(req, tree, checkpoint=True)
+        owned = r.computed
+        if owned:
+            tree.checkpoint(r, up_to=owned)
+        lo = r.kv.cache_protected_len
+        if owned > lo:
+            alloc.free_segment(row_of(r)[lo:owned].clone(), start_pos=lo)
+        tree.unlock(r.lock)
+        r.lock = None
+        tail = -(-owned // ps) * ps
+        if r.allocated > tail:
+            alloc.free_segment(row_of(r)[tail: r.allocated].clone(), start_pos=tail)
+
+    for op in scenario["ops"]:
+        kind = op["op"]
+        rec: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        if kind == "new":
+            reqs[op["rid"]] = _Req(op["rid"], op["prompt"], op["salt"], next_row[0])
+            next_row[0] += 1
+        elif kind == "alloc":
+            r = reqs[op["rid"]]
+            if op["rid"] not in live:
+                ids = r.full_untruncated_fill_ids
+                key = RadixKey(ids, r.extra_key, limit=len(ids) - 1, cache_salt=r.cache_salt)
+                m = tree.match_prefix(MatchPrefixParams(key=key))
+                hit = m.device_prefix_len
+                prefix = tree.path_device_indices(m.last_device_node)
+                assert len(prefix) == hit
+                r.lock = tree.lock(m.last_device_node)
+                r.last_node = m.last_device_node
+                row_of(r)[:hit] = prefix
+                r.allocated = r.computed = hit
+                r.kv.cache_protected_len = hit
+                r.kv.cache_inserted_len = 0
+                n = op["n"] if op["n"] is not None else r.num_tokens - hit
+                ok = grow(r, n, decode=False)
+                if not ok:
+                    tree.unlock(r.lock)
+                    r.lock = None
+                else:
+                    live.add(op["rid"])
+                    r.decoding = False
+                rec["ok"] = ok
+                rec["hit"] = hit if ok else None
+            else:
+                n = op["n"] if op["n"] is not None else r.num_tokens - r.computed
+                need = r.computed + n - r.allocated
+                decode = bool(r.output_ids) and r.computed >= len(r.origin_input_ids)
+                r.decoding = decode
+                rec["ok"] = grow(r, need, decode=decode) if need > 0 else True
+            rec["pages"] = pages(r) if rec["ok"] else None
+        elif kind == "run":
+            r = reqs[op["rid"]]
+            r.computed = r.allocated
+            if not r.decoding:  # SGLang checkpoints after an extend, not after a decode step
+                tree.checkpoint(r, up_to=r.computed)
+            rec["pages"] = pages(r)
+        elif kind == "append":
+            reqs[op["rid"]].output_ids.extend(op["tokens"])
+        elif kind == "release":
+            release(reqs[op["rid"]])
+            live.discard(op["rid"])
+        elif kind == "evict":
+            rec["freed"] = tree.evict(EvictParams(num_tokens=op["n"])).num_tokens_evicted
+        else:
+            raise ValueError(f"unknown op {kind!r}")
+        spent += time.perf_counter() - t0
+        free_pages = alloc.available_size() // ps
+        evictable = tree.evictable_size() // ps
+        rec["usage"] = [free_pages, evictable, size // ps - free_pages - evictable]
+        records.append(rec)
+    return records, spent
