@@ -82,7 +82,7 @@ def execute(
     cfg: dict[str, Any], out_root: Path, *, force: bool = False, progress: bool = True
 ) -> dict[str, Any]:
     """Run one config into its folder (or return the finished run's summary)."""
-    from prefixcache.experiments.metrics import granularity_loss, records_frame, summarize
+    from prefixcache.experiments.metrics import granularity_loss, index_memory, records_frame, summarize
 
     folder = out_root / run_name(cfg)
     if (folder / "summary.json").exists():
@@ -105,6 +105,7 @@ def execute(
         steps=engine.step_count,
         simulated_s=engine.clock,
         cache_hit_rate=cache.stats.hit_rate,
+        **index_memory(cache),
     )
     if (
         isinstance(requests, list) and summary["prompt_tokens"] <= 200_000

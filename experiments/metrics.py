@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from prefixcache.experiments.bounds import block_trace, infinite_cache_hits
 
+from prefixcache import PrefixCache
 from prefixcache.engine import CostModel, RequestRecord
 
 
@@ -101,6 +102,18 @@ def summarize(
         "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft else None,
         "isolated_ttft_mean_s": float(np.mean(iso)) if ran else None,
     }
+
+
+def index_memory(cache: PrefixCache) -> dict[str, float | None]:
+    """Bytes held by the cache's bookkeeping (index, free lists, per-request state; the KV
+    tensors themselves are not simulated), measured deeply with pympler, and per cached token
+    (pages holding KV, evictable or pinned). vLLM's preallocated blocks count in full."""
+    from pympler.asizeof import asizeof
+
+    u = cache.usage()
+    cached = (u.evictable + u.in_use) * cache.page_size
+    total = asizeof(cache)
+    return {"index_bytes": float(total), "index_bytes_per_cached_token": total / cached if cached else None}
 
 
 def _ran(records: Sequence[RequestRecord]) -> list[RequestRecord]:

@@ -65,3 +65,24 @@ def test_granularity_loss_is_the_token_hit_modulo_the_page() -> None:
     # token-level hits: 0, 21, 0; a 16-token page cache keeps 16 of the 21
     assert granularity_loss(prompts, 16) == (5, pytest.approx(5 / 3))
     assert granularity_loss(prompts, 1) == (0, 0.0)
+
+
+@pytest.mark.parametrize("backend, page", [("hashchain", 16), ("radix", 1), ("radix", 16)])
+def test_index_memory_grows_with_cached_entries_and_shrinks_when_evicted(backend: str, page: int) -> None:
+    from prefixcache.experiments.metrics import index_memory
+
+    from prefixcache import CacheConfig, Request, make_cache
+    from tests.helpers import run_to_completion, tokens
+
+    cache = make_cache(backend, CacheConfig(1 << 15, page))
+    empty = index_memory(cache)
+    assert empty["index_bytes"] > 0 and empty["index_bytes_per_cached_token"] is None
+    for i in range(8):
+        run_to_completion(cache, Request(f"r{i}", tokens(1024, seed=i)))
+    full = index_memory(cache)
+    assert full["index_bytes"] > empty["index_bytes"]
+    assert full["index_bytes_per_cached_token"] == pytest.approx(
+        full["index_bytes"] / (cache.usage().evictable * page)
+    )
+    cache.evict(1 << 15)
+    assert index_memory(cache)["index_bytes"] < full["index_bytes"]
