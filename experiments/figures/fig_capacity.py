@@ -27,7 +27,13 @@ def make(results: Path, paper: Path) -> list[Path]:
     df["hr"] = df["hit_tokens"] / df["prompt_tokens"]
     whole = load(results, STUDY, "whole_traces")
     sources = list(dict.fromkeys(df["source"]))
-    fig, axes = plt.subplots(1, len(sources) + 1, figsize=(3.0 * (len(sources) + 1), 2.6))
+    ncols = 3
+    nrows = -(-(len(sources) + 1) // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(7.2, 2.4 * nrows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[len(sources) + 1:]:
+        ax.axis("off")
+    axes = axes[: len(sources) + 1]
     for ax, source in zip(axes, sources, strict=False):
         d = df[df["source"] == source]
         for label, st in STYLE.items():
@@ -38,8 +44,9 @@ def make(results: Path, paper: Path) -> list[Path]:
         ax.set_title(f"{source} ({n} req.)", fontsize=8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("capacity (tokens)")
-    axes[0].set_ylabel("token hit rate")
-    axes[0].legend(fontsize=6)
+    for ax in axes[: len(sources)]:
+        ax.set_ylabel("token hit rate")
+    axes[0].legend(fontsize=5)
     ax = axes[-1]
     for source, g in whole.groupby("source"):
         g = g.sort_values("capacity_tokens")
