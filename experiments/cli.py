@@ -209,38 +209,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    """A small built-in experiment: every registered reusing backend at its native page size,
-    same capacity, on two workloads."""
-    scale = {"default": 1, "full": 4}[args.scale]
-    backends = [(b, p) for b, p in (("hashchain", 16), ("radix", 1)) if b in available_backends()]
-    if not backends:
-        raise ValueError(f"reproduce needs hashchain or radix; registered: {', '.join(available_backends())}")
-    cells = [
-        full_config(
-            {
-                "workload": w,
-                "backend": b,
-                "page_size": p,
-                "scheduler": "lpm",
-                "params": params,
-                "capacity_tokens": 16384 * scale,
-            }
-        )
-        for w, params in (
-            ("multi-turn-chat", {"conversations": 8 * scale}),
-            ("generated-shared-prefix", {"num_groups": 8 * scale}),
-        )
-        for b, p in backends
-    ]
-    out = Path(args.out)
-    for cfg in cells:
-        s = execute(cfg, out, force=args.force, progress=True)
-        print(
-            f"{cfg['workload']:<24} {cfg['backend']:<10} page {cfg['page_size']:<3} "
-            f"token hit rate {s['token_hit_rate']:.1%}"
-        )
-    print(f"results under {out}/")
-    return 0
+    """Every study, figure and table of the paper (experiments/figures/reproduce.py)."""
+    from prefixcache.experiments.figures import reproduce
+
+    argv = ["--scale", args.scale, "--out", args.out, "--paper", args.paper]
+    return reproduce.main(argv + ["--force"] * args.force + ["--no-pdf"] * args.no_pdf)
 
 
 # ------------------------------------------------------------------------------ plumbing
@@ -285,10 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="results")
     t = sub.add_parser("trace", help="inspect a trace")
     t.add_argument("path")
-    rp = sub.add_parser("reproduce", help="the built-in experiment")
-    rp.add_argument("--scale", choices=["default", "full"], default="default")
-    rp.add_argument("--force", action="store_true")
+    rp = sub.add_parser("reproduce", help="run every study and make every figure and table of the paper")
+    rp.add_argument("--scale", choices=["tiny", "default", "full"], default="default")
+    rp.add_argument("--force", action="store_true", help="re-run results already stored")
     rp.add_argument("--out", default="results")
+    rp.add_argument("--paper", default="paper", help="paper folder (figures/, generated/, main.tex)")
+    rp.add_argument("--no-pdf", action="store_true", help="skip the LaTeX build")
     return p
 
 

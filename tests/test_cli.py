@@ -75,19 +75,13 @@ def test_sweep_with_ray_missing_is_a_clear_error(tmp_path, capsys) -> None:
     assert "needs ray" in capsys.readouterr().err
 
 
-def test_reproduce_accepts_scale_and_force(tmp_path, capsys, monkeypatch) -> None:
-    # Tiny stand-in cells: the real default scale runs in seconds but not in a unit test.
-    import prefixcache.experiments.cli as cli
+def test_reproduce_hands_its_options_to_the_paper_pipeline(tmp_path, monkeypatch) -> None:
+    # The pipeline itself runs end to end in tests/test_figures.py; here only the hand-over.
+    from prefixcache.experiments.figures import reproduce
 
-    real = cli.full_config
-    monkeypatch.setattr(cli, "full_config", lambda o: real(o | {"params": {**_tiny(o["workload"])}}))
-    assert main(["reproduce", "--scale", "default", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "token hit rate" in out and "results under" in out
-    assert main(["reproduce", "--scale", "default", "--force", "--out", str(tmp_path)]) == 0
-
-
-def _tiny(workload: str) -> dict[str, int]:
-    if workload == "multi-turn-chat":
-        return {"conversations": 2, "turns": 2}
-    return {"num_groups": 2, "prompts_per_group": 2, "system_prompt_len": 64}
+    seen: list[list[str]] = []
+    monkeypatch.setattr(reproduce, "main", lambda argv: seen.append(argv) or 0)
+    assert main(["reproduce", "--scale", "full", "--force", "--out", str(tmp_path), "--no-pdf"]) == 0
+    assert seen == [["--scale", "full", "--out", str(tmp_path), "--paper", "paper", "--force", "--no-pdf"]]
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--scale", "huge"])
