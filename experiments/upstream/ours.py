@@ -23,15 +23,15 @@ def replay_ours(backend: str, scenario: dict[str, Any], **options: Any) -> tuple
         rec: dict[str, Any] = {}
         t0 = time.perf_counter()
         if kind == "new":
-            reqs[op["rid"]] = Request(op["rid"], op["prompt"], cache_salt=op["salt"])
+            reqs[op["rid"]] = Request(op["rid"], op["prompt"], cache_salt=op.get("salt"))
         elif kind == "alloc":
             req = reqs[op["rid"]]
             first = not cache.is_live(req)
             if first:
                 hit = cache.lookup(req)
-                n = op["n"] if op["n"] is not None else req.num_tokens - hit
+                n = op["n"] if op.get("n") is not None else req.num_tokens - hit
             else:
-                n = op["n"] if op["n"] is not None else req.num_tokens - req.num_computed_tokens
+                n = op["n"] if op.get("n") is not None else req.num_tokens - req.num_computed_tokens
             ok = cache.allocate(req, n)
             rec["ok"] = ok
             if first:

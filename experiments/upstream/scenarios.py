@@ -72,7 +72,8 @@ class Scenario:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "capacity_tokens": self.capacity_tokens,
-                "page_size": self.page_size, "ops": self.ops}
+                "page_size": self.page_size,
+                "ops": [{k: v for k, v in op.items() if v is not None} for op in self.ops]}
 
 
 def _toks(n: int, seed: int, vocab: int = 1000) -> list[int]:
@@ -176,12 +177,12 @@ def scripted(page_size: int) -> list[Scenario]:
     return out
 
 
-def seeded(page_size: int, seed: int, num_requests: int = 24) -> Scenario:
+def seeded(page_size: int, seed: int, num_requests: int = 16) -> Scenario:
     """Random prompts drawn from a few shared prefixes, some live at once, a tight pool."""
     rng = random.Random(seed)
     B = page_size
     cap = 48 * max(B, 1) if B > 1 else 160
-    s = Scenario(f"seeded{seed}_p{B}", cap, B)
+    s = Scenario(f"seeded{seed}{'' if num_requests == 16 else f'x{num_requests}'}_p{B}", cap, B)
     prefixes = [_toks(rng.randrange(4, 20), 1000 * seed + i) for i in range(4)]
     live: list[str] = []
     for i in range(num_requests):
@@ -210,6 +211,9 @@ def all_scenarios() -> list[Scenario]:
         sc = seeded(1, seed)
         sc.systems = ("sglang",)
         out.append(sc)
+    sc = seeded(1, 3, num_requests=24)  # its last requests evict leaves whose LRU stamps differ
+    sc.systems = ("sglang",)
+    out.append(sc)
     ev = Scenario("explicit_evict_p1", 64, 1, systems=("sglang",))
     ev.whole("x0", _toks(12, 200)).whole("x1", _toks(12, 201)).whole("x2", _toks(12, 200)[:6] + [1, 2, 3])
     ev.evict(5).whole("x3", _toks(12, 201)).evict(100).whole("x4", _toks(12, 200))

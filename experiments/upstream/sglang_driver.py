@@ -18,10 +18,9 @@ from array import array
 from types import SimpleNamespace
 from typing import Any
 
-from prefixcache.experiments.upstream import shim
-
-import torch  # noqa: E402
 import sglang.srt.mem_cache.radix_cache as radix_mod  # noqa: E402
+import torch  # noqa: E402
+from prefixcache.experiments.upstream import shim
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, MatchPrefixParams  # noqa: E402
@@ -129,7 +128,7 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
         rec: dict[str, Any] = {}
         t0 = time.perf_counter()
         if kind == "new":
-            reqs[op["rid"]] = _Req(op["rid"], op["prompt"], op["salt"], next_row[0])
+            reqs[op["rid"]] = _Req(op["rid"], op["prompt"], op.get("salt"), next_row[0])
             next_row[0] += 1
         elif kind == "alloc":
             r = reqs[op["rid"]]
@@ -146,7 +145,7 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
                 r.allocated = r.computed = hit
                 r.kv.cache_protected_len = hit
                 r.kv.cache_inserted_len = 0
-                n = op["n"] if op["n"] is not None else r.num_tokens - hit
+                n = op["n"] if op.get("n") is not None else r.num_tokens - hit
                 ok = grow(r, n, decode=False)
                 if not ok:
                     tree.unlock(r.lock)
@@ -157,7 +156,7 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
                 rec["ok"] = ok
                 rec["hit"] = hit if ok else None
             else:
-                n = op["n"] if op["n"] is not None else r.num_tokens - r.computed
+                n = op["n"] if op.get("n") is not None else r.num_tokens - r.computed
                 need = r.computed + n - r.allocated
                 decode = bool(r.output_ids) and r.computed >= len(r.origin_input_ids)
                 r.decoding = decode

@@ -69,7 +69,8 @@ if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
 
 def deterministic_clock(module: types.ModuleType) -> None:
     counter = itertools.count(1)
-    fake = types.SimpleNamespace(**{k: getattr(module.time, k) for k in dir(module.time) if not k.startswith("_")})
+    names = [k for k in dir(module.time) if not k.startswith("_")]
+    fake = types.SimpleNamespace(**{k: getattr(module.time, k) for k in names})
     fake.monotonic = lambda: float(next(counter))
     module.time = fake
 
@@ -77,7 +78,8 @@ def deterministic_clock(module: types.ModuleType) -> None:
 def unavailable_reason() -> dict[str, str]:
     """{system: why it cannot be imported}, empty entries omitted."""
     out: dict[str, str] = {}
-    for system, probe in (("vllm", "vllm.v1.core.kv_cache_manager"), ("sglang", "sglang.srt.mem_cache.radix_cache")):
+    probes = (("vllm", "vllm.v1.core.kv_cache_manager"), ("sglang", "sglang.srt.mem_cache.radix_cache"))
+    for system, probe in probes:
         if importlib.util.find_spec(system) is None:
             out[system] = f"{system} is not installed (run experiments/upstream/setup_venv.sh)"
             continue

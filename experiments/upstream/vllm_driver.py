@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prefixcache.experiments.upstream import shim  # noqa: F401  (must precede vllm)
-
 import torch  # noqa: E402
+from prefixcache.experiments.upstream import shim  # noqa: F401  (must precede vllm)
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
@@ -54,12 +53,12 @@ def replay_vllm(scenario: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
         t0 = time.perf_counter()
         if kind == "new":
             reqs[op["rid"]] = Request(op["rid"], list(op["prompt"]), SamplingParams(max_tokens=1 << 16),
-                                      None, cache_salt=op["salt"], block_hasher=hasher)
+                                      None, cache_salt=op.get("salt"), block_hasher=hasher)
         elif kind == "alloc":
             req = reqs[op["rid"]]
             if op["rid"] not in live:
                 blocks, hit, _ = m.get_computed_blocks(req)
-                n = op["n"] if op["n"] is not None else req.num_tokens - hit
+                n = op["n"] if op.get("n") is not None else req.num_tokens - hit
                 out = m.allocate_slots(req, n, hit, blocks)
                 rec["ok"] = out is not None
                 rec["hit"] = hit if out is not None else None
@@ -67,7 +66,7 @@ def replay_vllm(scenario: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
                     req.num_computed_tokens = hit
                     live[op["rid"]] = hit + n
             else:
-                n = op["n"] if op["n"] is not None else req.num_tokens - req.num_computed_tokens
+                n = op["n"] if op.get("n") is not None else req.num_tokens - req.num_computed_tokens
                 out = m.allocate_slots(req, n)
                 rec["ok"] = out is not None
                 if out is not None:
