@@ -107,9 +107,15 @@ def write_mooncake(path: str | Path, records: Iterable[TraceRecord]) -> None:
 
 def block_tokens(hash_id: int, vocab_size: int = 32_000) -> np.ndarray:
     """The deterministic 512 tokens of block ``hash_id`` (splitmix64 of its positions)."""
-    x = np.arange(MOONCAKE_BLOCK, dtype=np.uint64) + np.uint64(hash_id * MOONCAKE_BLOCK)
+    return _blocks_tokens([hash_id], vocab_size)
+
+
+def _blocks_tokens(hash_ids: Sequence[int], vocab_size: int) -> np.ndarray:
+    """``block_tokens`` of each id, concatenated, in one vectorised pass (the replay hot path)."""
+    ids = np.asarray(hash_ids, dtype=np.uint64)
+    x = (ids[:, None] * np.uint64(MOONCAKE_BLOCK) + np.arange(MOONCAKE_BLOCK, dtype=np.uint64)).reshape(-1)
     with np.errstate(over="ignore"):  # wrap-around is the point
-        x = x * np.uint64(0x9E3779B97F4A7C15)
+        x *= np.uint64(0x9E3779B97F4A7C15)
         x ^= x >> np.uint64(30)
         x *= np.uint64(0xBF58476D1CE4E5B9)
         x ^= x >> np.uint64(27)
@@ -117,8 +123,11 @@ def block_tokens(hash_id: int, vocab_size: int = 32_000) -> np.ndarray:
 
 
 def mooncake_prompt(rec: TraceRecord, vocab_size: int = 32_000) -> list[int]:
-    toks = np.concatenate([block_tokens(h, vocab_size) for h in rec.hash_ids])
-    return toks[: rec.input_length].tolist()  # type: ignore[no-any-return]
+    return _mooncake_prompt_array(rec, vocab_size).tolist()  # type: ignore[no-any-return]
+
+
+def _mooncake_prompt_array(rec: TraceRecord, vocab_size: int) -> np.ndarray:
+    return _blocks_tokens(rec.hash_ids, vocab_size)[: rec.input_length]
 
 
 def hash_ids_of(prompts: Sequence[Sequence[int]], block: int = MOONCAKE_BLOCK) -> list[tuple[int, ...]]:
@@ -187,10 +196,11 @@ def iter_requests(
     without hash ids (Azure) get unique random prompts, so they share nothing."""
     rng = np.random.default_rng(seed)
     for i, rec in enumerate(records[:limit]):
+        # Arrays, not lists: Request validates an int64 array in one pass and keeps it.
         if rec.hash_ids:
-            prompt = mooncake_prompt(rec, vocab_size)
+            prompt = _mooncake_prompt_array(rec, vocab_size)
         else:
-            prompt = rng.integers(0, vocab_size, rec.input_length).tolist()
+            prompt = rng.integers(0, vocab_size, rec.input_length, dtype=np.int64)
         yield Request(f"{prefix}-{i}", prompt, arrival_time=rec.timestamp, max_new_tokens=rec.output_length)
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from typing import NamedTuple
 
+import numpy as np
+import numpy.typing as npt
+
 
 class MultiModalSpan(NamedTuple):
     """A multimodal item occupying ``length`` placeholder tokens from ``offset`` in the prompt.
@@ -19,6 +22,24 @@ class MultiModalSpan(NamedTuple):
 
 
 def _check_token_ids(token_ids: Iterable[object], what: str) -> list[int]:
+    """``token_ids`` as a list of non-negative Python ints; ValueError naming the first bad one.
+
+    The common inputs are checked without a Python step per token: an integer numpy array by
+    its dtype and minimum, a list or tuple by the set of its element types (exact ``int`` only,
+    so a bool, which is an int subclass, takes the slow path and is refused there).
+    """
+    if isinstance(token_ids, np.ndarray):
+        fast = token_ids.ndim == 1 and token_ids.dtype.kind in "iu"
+        if fast and (token_ids.size == 0 or token_ids.min() >= 0):
+            return token_ids.tolist()  # type: ignore[no-any-return]
+    elif isinstance(token_ids, (list, tuple)):
+        fast = set(map(type, token_ids)) <= {int}
+        if fast and (not token_ids or min(token_ids) >= 0):
+            return list(token_ids)
+    return _check_token_ids_slowly(token_ids, what)
+
+
+def _check_token_ids_slowly(token_ids: Iterable[object], what: str) -> list[int]:
     out: list[int] = []
     for i, t in enumerate(token_ids):
         # numpy integers are accepted; bools and floats are not token ids.
@@ -54,13 +75,14 @@ class Request:
         "arrival_time",
         "max_new_tokens",
         "_all_token_ids",
+        "_prompt_array",
         "memo",
     )
 
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer],
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
@@ -94,6 +116,12 @@ class Request:
         self.arrival_time = float(arrival_time)
         self.max_new_tokens = max_new_tokens
         self._all_token_ids: list[int] = tokens
+        # Kept when the caller already had the prompt as an array (a trace reader does), so a
+        # backend wanting one (radix keys) does not convert the tuple back token by token.
+        self._prompt_array: npt.NDArray[np.int64] | None = None
+        if isinstance(prompt_token_ids, np.ndarray) and prompt_token_ids.dtype == np.int64:
+            self._prompt_array = prompt_token_ids.copy()  # ours: the caller may mutate theirs
+            self._prompt_array.flags.writeable = False
         # Per-backend memos keyed by the owner (e.g. a block hasher); see the class docstring.
         self.memo: dict[Hashable, object] = {}
 
@@ -101,6 +129,15 @@ class Request:
     def all_token_ids(self) -> Sequence[int]:
         """Prompt then output tokens. Read-only view: append through the method below."""
         return self._all_token_ids
+
+    @property
+    def prompt_array(self) -> npt.NDArray[np.int64]:
+        """The prompt as a read-only int64 array (built once, on first use)."""
+        if self._prompt_array is None:
+            arr = np.array(self.prompt_token_ids, dtype=np.int64)
+            arr.flags.writeable = False
+            self._prompt_array = arr
+        return self._prompt_array
 
     @property
     def output_token_ids(self) -> Sequence[int]:
@@ -119,6 +156,9 @@ class Request:
         return len(self._all_token_ids) - len(self.prompt_token_ids)
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        if type(token_ids) is int and token_ids >= 0:  # one decode step: the engine's hot path
+            self._all_token_ids.append(token_ids)
+            return
         if isinstance(token_ids, int) and not isinstance(token_ids, bool):
             token_ids = (token_ids,)
         self._all_token_ids.extend(_check_token_ids(token_ids, "output_token_ids"))  # type: ignore[arg-type]

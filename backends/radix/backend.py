@@ -63,7 +63,9 @@ def request_key(req: Request) -> RadixKey:
     """
     arr = req.memo.get("radix_key")
     if not isinstance(arr, np.ndarray):
-        arr = _token_array(req.prompt_token_ids, req)
+        arr = _token_array(req.prompt_array, req)
+        if req.mm_hashes:
+            arr = arr.copy()  # the request's prompt array is read-only and stays unsubstituted
         for span in req.mm_hashes:
             arr[span.offset : span.offset + span.length] = mm_values(span.identifier, span.length)
     if len(arr) < req.num_tokens:

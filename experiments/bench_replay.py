@@ -1,0 +1,137 @@
+"""Whole-trace replay throughput in simulation mode, per backend (issue 8, item 5).
+
+Replays the first ``--limit`` requests of the Mooncake conversation trace (and, with
+``--synthetic``, the Mooncake synthetic trace) through ``Engine(model=None)`` for every
+backend variant below, on one fixed setup so the rows compare:
+
+* capacity ``2**20`` tokens (``--capacity``), the same pool for every backend;
+* FCFS, token budget 8192 per step (``--budget``), decode included (each request emits its
+  trace ``output_length`` tokens, one per step);
+
+and prints per variant: prompt tokens/s and requests/s (wall time of the whole replay,
+request construction included), the share of that time spent inside cache calls (the
+engine's per-request ``cache_op_ns``), building ``Request`` objects (the trace iterator),
+and the rest (engine bookkeeping), plus the token hit rate. Writes
+``results/bench/replay.csv``. ``--profile VARIANT`` runs that one variant under cProfile and
+prints the top functions instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import csv
+import pstats
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from prefixcache.experiments.traces import TraceRecord, iter_requests, read_mooncake
+
+from prefixcache import CacheConfig, Request, make_cache
+from prefixcache.engine import Engine
+
+# (label, backend, page size, options)
+VARIANTS: list[tuple[str, str, int, dict[str, Any]]] = [
+    ("none-p16", "none", 16, {}),
+    ("hashchain-p16-sha256", "hashchain", 16, {"hash_fn": "sha256"}),
+    ("hashchain-p16-xxhash", "hashchain", 16, {"hash_fn": "xxhash"}),
+    ("radix-p1", "radix", 1, {}),
+    ("radix-p16", "radix", 16, {}),
+]
+TRACES = {"conversation": "mooncake_conversation_trace.jsonl", "synthetic": "mooncake_synthetic_trace.jsonl"}
+OUT = Path(__file__).resolve().parents[1] / "results" / "bench" / "replay.csv"
+
+
+class _TimedRequests:
+    """The trace's requests, with the time spent building them (the engine pulls lazily)."""
+
+    def __init__(self, records: Sequence[TraceRecord], limit: int) -> None:
+        self.inner: Iterator[Request] = iter_requests(records, limit=limit)
+        self.build_ns = 0
+
+    def __iter__(self) -> Iterator[Request]:
+        return self
+
+    def __next__(self) -> Request:
+        t0 = time.perf_counter_ns()
+        try:
+            return next(self.inner)
+        finally:
+            self.build_ns += time.perf_counter_ns() - t0
+
+
+def replay(records: Sequence[TraceRecord], variant: tuple[str, str, int, dict[str, Any]],
+           limit: int, capacity: int, budget: int) -> dict[str, Any]:
+    label, backend, page, options = variant
+    cache = make_cache(backend, CacheConfig(capacity_tokens=capacity, page_size=page), **options)
+    engine = Engine(cache, "fcfs", token_budget=budget)
+    source = _TimedRequests(records, limit)
+    t0 = time.perf_counter_ns()
+    recs = engine.run(source)
+    wall_ns = time.perf_counter_ns() - t0
+    prompt = sum(r.prompt_tokens for r in recs)
+    cache_ns = sum(r.cache_op_ns for r in recs)
+    return {
+        "variant": label,
+        "requests": len(recs),
+        "prompt_tokens": prompt,
+        "decode_tokens": engine.decode_tokens,
+        "seconds": wall_ns / 1e9,
+        "prompt_tokens_per_s": prompt / (wall_ns / 1e9),
+        "requests_per_s": len(recs) / (wall_ns / 1e9),
+        "cache_frac": cache_ns / wall_ns,
+        "build_frac": source.build_ns / wall_ns,
+        "engine_frac": (wall_ns - cache_ns - source.build_ns) / wall_ns,
+        "hit_rate": sum(r.hit_tokens for r in recs) / prompt if prompt else 0.0,
+        "steps": engine.step_count,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--limit", type=int, default=1000, help="first N requests of each trace")
+    ap.add_argument("--capacity", type=int, default=1 << 20, help="KV pool size in tokens")
+    ap.add_argument("--budget", type=int, default=8192, help="token budget per engine step")
+    ap.add_argument("--synthetic", action="store_true", help="also replay the synthetic trace")
+    ap.add_argument("--only", nargs="*", default=None, help="variant labels to run")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per variant; the best is kept")
+    ap.add_argument("--profile", metavar="VARIANT", help="cProfile one variant, print the top 30")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+
+    traces = ["conversation"] + (["synthetic"] if args.synthetic else [])
+    variants = [v for v in VARIANTS if args.only is None or v[0] in args.only]
+    if args.profile:
+        (variant,) = [v for v in VARIANTS if v[0] == args.profile]
+        records = read_mooncake(TRACES["conversation"])
+        prof = cProfile.Profile()
+        prof.runcall(replay, records, variant, args.limit, args.capacity, args.budget)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        return
+
+    rows: list[dict[str, Any]] = []
+    print(f"{'trace':<13}{'variant':<22}{'tok/s':>11}{'req/s':>9}{'cache':>7}{'engine':>7}"
+          f"{'build':>7}{'hit':>7}")
+    for trace in traces:
+        records = read_mooncake(TRACES[trace])
+        for variant in variants:
+            runs = [replay(records, variant, args.limit, args.capacity, args.budget)
+                    for _ in range(args.repeat)]
+            row = {"trace": trace, "capacity_tokens": args.capacity, "token_budget": args.budget,
+                   **max(runs, key=lambda r: r["prompt_tokens_per_s"])}
+            rows.append(row)
+            print(f"{trace:<13}{row['variant']:<22}{row['prompt_tokens_per_s']:>11,.0f}"
+                  f"{row['requests_per_s']:>9,.0f}{row['cache_frac']:>7.0%}{row['engine_frac']:>7.0%}"
+                  f"{row['build_frac']:>7.0%}{row['hit_rate']:>7.1%}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
