@@ -7,8 +7,13 @@ so ``commit`` publishes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.coordinator import HybridKVCacheManager
 from prefixcache.backends.hashchain.hashing import get_hash_fn
 from prefixcache.backends.hashchain.manager import KVCacheManager
+from prefixcache.backends.hashchain.single_type import AttentionGroupSpec
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import PageUsage, PrefixCache, ensure
@@ -22,6 +27,9 @@ class HashChainCache(PrefixCache):
                     for cost comparisons only)
     free_order:     "reverse" (vLLM) | "forward": order in which a request's blocks are freed
     unhashed_first: True (vLLM): freed blocks without a hash go to the head of the free queue
+    attention_groups: KV-cache groups of a hybrid model, e.g. [("full",), ("sliding_window", 128)];
+                    default one full-attention group. Several groups share one block pool
+                    (coordinator.py); ``page_table`` shows group 0, ``page_tables`` every group.
     """
 
     name = "hashchain"
@@ -33,18 +41,36 @@ class HashChainCache(PrefixCache):
         hash_fn: str = "sha256",
         free_order: str = "reverse",
         unhashed_first: bool = True,
+        attention_groups: Sequence[object] | None = None,
     ) -> None:
         super().__init__(config)
         if not isinstance(unhashed_first, bool):
             raise ValueError(f"unhashed_first must be a bool, got {unhashed_first!r}")
         self.hash_fn_name = hash_fn
-        self.manager = KVCacheManager(
-            config.num_pages,
-            config.page_size,
-            get_hash_fn(hash_fn),
-            free_order=free_order,
-            unhashed_first=unhashed_first,
-        )
+        groups = [("full",)] if attention_groups is None else list(attention_groups)
+        if not groups:
+            raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
+        specs = [AttentionGroupSpec.parse(g) for g in groups]
+        self.attention_groups = specs
+        self.manager: KVCacheManager | HybridKVCacheManager
+        if specs == [AttentionGroupSpec("full")]:
+            # vLLM's UnitaryKVCacheCoordinator: the one-group path, unchanged.
+            self.manager = KVCacheManager(
+                config.num_pages,
+                config.page_size,
+                get_hash_fn(hash_fn),
+                free_order=free_order,
+                unhashed_first=unhashed_first,
+            )
+        else:
+            self.manager = HybridKVCacheManager(
+                config.num_pages,
+                config.page_size,
+                get_hash_fn(hash_fn),
+                specs,
+                free_order=free_order,
+                unhashed_first=unhashed_first,
+            )
         self.block_pool = self.manager.block_pool
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
 
@@ -61,7 +87,7 @@ class HashChainCache(PrefixCache):
         # caller left there if we fail, so that a failed allocate changes nothing.
         prior = req.num_computed_tokens
         req.num_computed_tokens = 0
-        new_blocks = self.manager.allocate_slots(req, num_new_tokens, hit, blocks)
+        new_blocks = self.manager.allocate_slots(req, num_new_tokens, hit, blocks)  # type: ignore[arg-type]
         self._sync_evictions()
         if new_blocks is None:
             req.num_computed_tokens = prior
@@ -90,6 +116,23 @@ class HashChainCache(PrefixCache):
 
     def _page_table(self, req: Request) -> list[int]:
         return self.manager.get_block_ids(req.request_id)
+
+    def page_tables(self, req: Request) -> list[list[int]]:
+        """One page table per attention group (null block 0 where a window skipped a block)."""
+        self._live(req, "page_tables")
+        return [[b.block_id for b in group[req.request_id]] for group, _, _ in self._groups()]
+
+    def _check_fits(self, req: Request, total_tokens: int) -> None:
+        super()._check_fits(req, total_tokens)
+        manager = self.manager
+        if isinstance(manager, HybridKVCacheManager):
+            need = manager.min_blocks_to_fit(total_tokens)
+            if need > self.config.num_usable_pages:
+                raise ValueError(
+                    f"request {req.request_id!r} needs {total_tokens} tokens: at least {need} pages "
+                    f"over {len(manager.managers)} attention groups, but the cache has "
+                    f"{self.config.num_usable_pages}"
+                )
 
     def _evict(self, num_tokens: int) -> int:
         dropped = self.block_pool.evict_lru_blocks(-(-num_tokens // self.page_size))
@@ -124,28 +167,55 @@ class HashChainCache(PrefixCache):
     def check_invariants(self) -> None:
         super().check_invariants()
         self.block_pool.check_invariants()
-        manager = self.manager
         live = {r.request_id for r in self.live_requests}
-        ensure(
-            set(manager.req_to_blocks) == live,
-            f"manager holds {sorted(manager.req_to_blocks)}, live {sorted(live)}",
-        )
-        ensure(set(manager.num_cached_block) == live, "num_cached_block and live requests disagree")
         holders = [0] * self.block_pool.num_gpu_blocks
-        for rid, blocks in manager.req_to_blocks.items():
-            ids = [b.block_id for b in blocks]
-            ensure(len(set(ids)) == len(ids), f"{rid!r} holds a block twice")
-            ensure(0 not in ids, f"{rid!r} holds the null block")
-            ensure(manager.num_cached_block[rid] <= len(blocks), f"{rid!r} cached more blocks than it holds")
-            for b in blocks:
-                ensure(b.ref_cnt >= 1, f"{rid!r} holds block {b.block_id} with ref_cnt {b.ref_cnt}")
-                holders[b.block_id] += 1
+        held_by: dict[str, set[int]] = {rid: set() for rid in live}
+        for group_id, (req_to_blocks, num_cached_block, windowed) in enumerate(self._groups()):
+            ensure(
+                set(req_to_blocks) == live,
+                f"group {group_id} holds {sorted(req_to_blocks)}, live {sorted(live)}",
+            )
+            ensure(
+                set(num_cached_block) == live,
+                f"group {group_id}: num_cached_block and live requests disagree",
+            )
+            for rid, blocks in req_to_blocks.items():
+                ensure(num_cached_block[rid] <= len(blocks), f"{rid!r} cached more blocks than it holds")
+                num_nulls = sum(1 for b in blocks if b.is_null)
+                if windowed:
+                    # Out-of-window blocks are nulled from the left: the nulls are a prefix.
+                    ensure(
+                        all(b.is_null for b in blocks[:num_nulls]), f"{rid!r}: a null block after a real one"
+                    )
+                else:
+                    ensure(num_nulls == 0, f"{rid!r} holds the null block in full-attention group {group_id}")
+                for b in blocks[num_nulls:]:
+                    ensure(b is not self.block_pool.null_block, f"{rid!r} holds the null block")
+                    ensure(b.block_id not in held_by[rid], f"{rid!r} holds block {b.block_id} twice")
+                    held_by[rid].add(b.block_id)
+                    ensure(b.ref_cnt >= 1, f"{rid!r} holds block {b.block_id} with ref_cnt {b.ref_cnt}")
+                    key = b.block_hash
+                    ensure(
+                        key is None or int.from_bytes(key[-4:], "big") == group_id,
+                        f"block {b.block_id} in group {group_id} is cached under another group's key",
+                    )
+                    holders[b.block_id] += 1
         for b in self.block_pool.blocks[1:]:
             ensure(
                 b.ref_cnt == holders[b.block_id],
                 f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by {holders[b.block_id]}",
             )
         ensure(self.stats.evicted_tokens >= 0, "negative evicted_tokens")
+
+    def _groups(self) -> list[tuple[dict[str, list[KVCacheBlock]], dict[str, int], bool]]:
+        """(req_to_blocks, num_cached_block, is sliding window) of each attention group."""
+        manager = self.manager
+        if isinstance(manager, HybridKVCacheManager):
+            return [
+                (m.req_to_blocks, m.num_cached_block, m.spec.kind == "sliding_window")
+                for m in manager.managers
+            ]
+        return [(manager.req_to_blocks, manager.num_cached_block, False)]
 
     def _sync_evictions(self) -> None:
         evicted = self.block_pool.num_evicted_blocks

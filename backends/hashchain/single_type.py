@@ -1,0 +1,265 @@
+"""One manager per attention group (vLLM ``single_type_kv_cache_manager.py``).
+
+A hybrid model (e.g. full attention layers interleaved with sliding-window layers) keeps one
+block list per request per group: the groups see the same tokens but store different KV, so
+each group caches its blocks under its own key (``BlockHashWithGroupId``). All groups draw
+from one shared BlockPool (see ``coordinator.py`` for how capacity is shared).
+
+The two kinds differ in which cached blocks a request can use:
+  * full attention needs every block of the prefix: look up left to right, stop at the first
+    miss (chained hashes: once block i misses, every later block misses too);
+  * sliding window needs only the last ``window - 1`` tokens before the first recomputed one:
+    scan right to left for ``cdiv(window - 1, block_size)`` contiguous cached blocks; blocks
+    before that run are never read, so the null block stands in for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.block_pool import BlockPool
+from prefixcache.backends.hashchain.hashing import BlockHash
+
+ATTENTION_KINDS = ("full", "sliding_window")
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionGroupSpec:
+    """One KV-cache group: ``("full",)`` or ``("sliding_window", window_tokens)``."""
+
+    kind: str
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTENTION_KINDS:
+            raise ValueError(f"attention group kind must be one of {ATTENTION_KINDS}, got {self.kind!r}")
+        if self.kind == "full" and self.sliding_window is not None:
+            raise ValueError("a full-attention group takes no window: write ('full',)")
+        if self.kind == "sliding_window":
+            w = self.sliding_window
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise ValueError(
+                    f"a sliding-window group needs a window of >= 1 tokens: ('sliding_window', W), got {w!r}"
+                )
+
+    @classmethod
+    def parse(cls, group: object) -> AttentionGroupSpec:
+        if isinstance(group, AttentionGroupSpec):
+            return group
+        if not isinstance(group, (tuple, list)) or not group:
+            raise ValueError(f"attention group must be ('full',) or ('sliding_window', W), got {group!r}")
+        return cls(*group)
+
+
+def make_single_type_manager(
+    spec: AttentionGroupSpec, block_pool: BlockPool, block_size: int, group_id: int
+) -> SingleTypeKVCacheManager:
+    if spec.kind == "full":
+        return FullAttentionManager(spec, block_pool, block_size, group_id)
+    return SlidingWindowManager(spec, block_pool, block_size, group_id)
+
+
+class SingleTypeKVCacheManager:
+    """Per-request block lists of one group; blocks come from the shared pool."""
+
+    __slots__ = (
+        "spec",
+        "block_pool",
+        "block_size",
+        "kv_cache_group_id",
+        "null_block",
+        "req_to_blocks",
+        "num_cached_block",
+    )
+
+    def __init__(
+        self, spec: AttentionGroupSpec, block_pool: BlockPool, block_size: int, group_id: int
+    ) -> None:
+        self.spec = spec
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.kv_cache_group_id = group_id
+        self.null_block = block_pool.null_block
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # Leading blocks of each request already registered in the hash map (hits and nulls included).
+        self.num_cached_block: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- lookup
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_length: int, group_ids: Sequence[int]
+    ) -> tuple[list[list[KVCacheBlock]], int]:
+        """Hit blocks for each of ``group_ids`` (groups of this same spec, looked up jointly:
+        a block hits only if every one of them has it) and the hit length in tokens."""
+        raise NotImplementedError
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens whose KV no later token reads (0: full attention reads all)."""
+        return 0
+
+    # ---------------------------------------------------------------- allocation
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_computed_tokens: int,
+    ) -> int:
+        """Free blocks this group takes for ``num_tokens`` slots: new blocks plus hit blocks
+        that sit in the free queue (touching them takes them out)."""
+        num_required = -(-num_tokens // self.block_size)
+        held = self.req_to_blocks.get(request_id)
+        if held is not None:  # running: no new hit
+            return max(num_required - len(held), 0)
+        num_skipped = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        # Hit blocks already out of the window are never touched (nulls replace them).
+        kept = new_computed_blocks[num_skipped:]
+        num_new = max(num_required - max(num_skipped, len(new_computed_blocks)), 0)
+        return num_new + sum(1 for b in kept if b.ref_cnt == 0 and not b.is_null)
+
+    def add_computed_blocks(
+        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock], num_computed_tokens: int
+    ) -> None:
+        """A new request takes its hit: touch it, nulls for blocks already out of the window."""
+        num_skipped = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        kept = new_computed_blocks[num_skipped:]
+        self.block_pool.touch(kept)
+        blocks = [self.null_block] * num_skipped
+        blocks.extend(kept)
+        self.req_to_blocks[request_id] = blocks
+        self.num_cached_block[request_id] = len(blocks)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        blocks = self.req_to_blocks[request_id]
+        num_new = -(-num_tokens // self.block_size) - len(blocks)
+        if num_new <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new)
+        blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, block_hashes: Sequence[BlockHash], request_id: str, num_tokens: int) -> None:
+        num_cached = self.num_cached_block[request_id]
+        num_full = num_tokens // self.block_size
+        if num_full <= num_cached:
+            return
+        self.block_pool.cache_full_blocks(
+            block_hashes,
+            self.req_to_blocks[request_id],
+            num_cached,
+            num_full,
+            self.block_size,
+            self.kv_cache_group_id,
+        )
+        self.num_cached_block[request_id] = num_full
+
+    def num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
+        """Blocks ``remove_skipped_blocks`` would return to the free queue (ours: lets a
+        failed allocate change nothing while counting what vLLM frees before its check)."""
+        _, skipped = self._skipped(request_id, num_computed_tokens)
+        return sum(1 for b in skipped if b.ref_cnt == 1)
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Free the blocks out of the window, rightmost first, and put nulls in their place."""
+        end, skipped = self._skipped(request_id, num_computed_tokens)
+        if not skipped:
+            return
+        blocks = self.req_to_blocks[request_id]
+        # [0, end - len(skipped))  nulled by earlier calls; [.., end)  out of the window now
+        blocks[end - len(skipped) : end] = [self.null_block] * len(skipped)
+        self.block_pool.free_blocks(skipped)
+
+    def _skipped(self, request_id: str, num_computed_tokens: int) -> tuple[int, list[KVCacheBlock]]:
+        """(end, real blocks in [.., end) out of the window, rightmost first)."""
+        blocks = self.req_to_blocks.get(request_id)
+        num_skipped = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        if not blocks or num_skipped <= 0:
+            return 0, []
+        end = min(num_skipped, len(blocks))
+        out: list[KVCacheBlock] = []
+        for i in range(end - 1, -1, -1):
+            if blocks[i].is_null:  # earlier calls nulled everything before it
+                break
+            out.append(blocks[i])
+        return end, out
+
+    def free(self, request_id: str, reverse: bool = True) -> None:
+        blocks = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_block.pop(request_id, None)
+        self.block_pool.free_blocks(reversed(blocks) if reverse else blocks)
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> int:
+        return 0
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    __slots__ = ()
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_length: int, group_ids: Sequence[int]
+    ) -> tuple[list[list[KVCacheBlock]], int]:
+        computed: list[list[KVCacheBlock]] = [[] for _ in group_ids]
+        get_cached_block = self.block_pool.get_cached_block
+        for block_hash in block_hashes[: max_length // self.block_size]:
+            cached = get_cached_block(block_hash, group_ids)
+            if cached is None:
+                break  # chained hashes: every later block misses too
+            for blocks, block in zip(computed, cached, strict=True):
+                blocks.append(block)
+        return computed, len(computed[0]) * self.block_size
+
+    def get_num_common_prefix_blocks(self, request_id: str) -> int:
+        """Leading blocks every running request of this group references (pre-0.33 meaning)."""
+        num_running = len(self.req_to_blocks)
+        count = 0
+        for block in self.req_to_blocks[request_id]:
+            if block.ref_cnt != num_running:
+                break
+            count += 1
+        return count
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    __slots__ = ("sliding_window", "contiguous_blocks")
+
+    def __init__(
+        self, spec: AttentionGroupSpec, block_pool: BlockPool, block_size: int, group_id: int
+    ) -> None:
+        super().__init__(spec, block_pool, block_size, group_id)
+        assert spec.sliding_window is not None
+        self.sliding_window = spec.sliding_window
+        # The window of the first recomputed token covers window - 1 earlier tokens.
+        self.contiguous_blocks = -(-(self.sliding_window - 1) // block_size)
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_length: int, group_ids: Sequence[int]
+    ) -> tuple[list[list[KVCacheBlock]], int]:
+        max_num_blocks = min(max_length // self.block_size, len(block_hashes))
+        computed = [[self.null_block] * max_num_blocks for _ in group_ids]
+        get_cached_block = self.block_pool.get_cached_block
+        num_contiguous = 0
+        match_found = False
+        for i in range(max_num_blocks - 1, -1, -1):  # rightmost run first: the longest hit
+            cached = get_cached_block(block_hashes[i], group_ids)
+            if cached is None:
+                num_contiguous = 0
+                continue
+            for blocks, block in zip(computed, cached, strict=True):
+                blocks[i] = block
+            num_contiguous += 1
+            if num_contiguous >= self.contiguous_blocks:
+                # [0, i) nulls, [i, i + run) the run; later (stale) hits are trimmed.
+                for blocks in computed:
+                    del blocks[i + num_contiguous :]
+                match_found = True
+                break
+        if not match_found:
+            # A shorter run that starts at block 0 is a hit too: nothing before it is needed.
+            for blocks in computed:
+                del blocks[num_contiguous:]
+        return computed, len(computed[0]) * self.block_size
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # Token t attends to [t - window + 1, t]; the next token is num_computed_tokens.
+        return max(0, num_computed_tokens - self.sliding_window + 1)
