@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: setup test test-thorough mutants bench reproduce lint clean
+.PHONY: setup test test-thorough mutants bench upstream reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,11 @@ mutants: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.bench
+
+# Our backends against vLLM's and SGLang's own code (a separate venv; not part of CI).
+upstream: $(STAMP)
+	test -x .venv-upstream/bin/python || bash experiments/upstream/setup_venv.sh
+	.venv-upstream/bin/python -m prefixcache.experiments.vs_upstream
 
 reproduce: $(STAMP)
 	$(BIN)/python -m prefixcache reproduce --scale $(SCALE) $(if $(FORCE),--force,)
