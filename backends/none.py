@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import PageUsage, PrefixCache, ensure
-from prefixcache.pool import PagePool
+from prefixcache.pool import PagePool, PageTable
 from prefixcache.request import Request
 
 
@@ -14,7 +14,7 @@ class NoCache(PrefixCache):
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)
         self.pool = PagePool(config.num_pages)
-        self._pages: dict[str, list[int]] = {}
+        self._pages: dict[str, PageTable] = {}
 
     def _lookup(self, req: Request) -> int:
         return 0
@@ -24,7 +24,7 @@ class NoCache(PrefixCache):
         pages = self.pool.alloc(-(-num_new_tokens // self.page_size))
         if pages is None:
             return False
-        self._pages[req.request_id] = pages.tolist()
+        self._pages[req.request_id] = PageTable(pages)
         self._admitted(req, 0)
         return True
 
@@ -36,17 +36,17 @@ class NoCache(PrefixCache):
         pages = self.pool.alloc(need)
         if pages is None:
             return False
-        table.extend(pages.tolist())
+        table.extend(pages)
         return True
 
     def _commit(self, req: Request) -> None:
         pass  # nothing is published: this backend never reuses KV
 
     def _release(self, req: Request) -> None:
-        self.pool.free(self._pages.pop(req.request_id))
+        self.pool.free(self._pages.pop(req.request_id).array())
 
     def _page_table(self, req: Request) -> list[int]:
-        return list(self._pages[req.request_id])
+        return self._pages[req.request_id].tolist()
 
     def _evict(self, num_tokens: int) -> int:
         return 0
@@ -61,6 +61,6 @@ class NoCache(PrefixCache):
     def check_invariants(self) -> None:
         super().check_invariants()
         self.pool.check()
-        held = [p for t in self._pages.values() for p in t]
+        held = [p for t in self._pages.values() for p in t.tolist()]
         ensure(len(set(held)) == len(held), "a page is held by two requests")
         ensure(not any(self.pool.is_free(p) for p in held), "a held page is also free")

@@ -9,6 +9,8 @@ its own free queue (vLLM's ``FreeKVCacheBlockQueue``) over the same id space and
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import numpy.typing as npt
 
@@ -16,7 +18,7 @@ PageIds = npt.NDArray[np.int64]
 
 
 class PagePool:
-    __slots__ = ("num_pages", "_free", "_head", "_released", "_num_released", "_is_free")
+    __slots__ = ("num_pages", "_free", "_head", "_released", "_num_released", "_is_free", "_mark")
 
     def __init__(self, num_pages: int) -> None:
         if num_pages < 2:
@@ -28,6 +30,8 @@ class PagePool:
         self._head = 0
         self._released: list[PageIds] = []
         self._num_released = 0
+        # Scratch for the repeated-id check in free(); its contents never matter between calls.
+        self._mark = np.zeros(num_pages, dtype=np.int64)
 
     @property
     def num_free(self) -> int:
@@ -51,11 +55,19 @@ class PagePool:
             return
         if arr.min() < 1 or arr.max() >= self.num_pages:
             raise ValueError(f"page ids must lie in [1, {self.num_pages}), got {arr.min()}..{arr.max()}")
-        if self._is_free[arr].any() or len(np.unique(arr)) != arr.size:
+        if self._is_free[arr].any() or self._has_repeats(arr):
             raise ValueError(f"double free of pages {arr[self._is_free[arr]].tolist()[:8]} (or repeated ids)")
         self._is_free[arr] = True
         self._released.append(arr.copy())
         self._num_released += arr.size
+
+    def _has_repeats(self, arr: PageIds) -> bool:
+        """Whether an id occurs twice in ``arr``, in O(len(arr)) (np.unique would sort): write
+        each position under its id; a repeated id keeps only one of its positions (whichever
+        numpy writes last), so reading back cannot give every position."""
+        positions = np.arange(arr.size, dtype=np.int64)
+        self._mark[arr] = positions
+        return not np.array_equal(self._mark[arr], positions)
 
     def free_page_ids(self) -> PageIds:
         """All free page ids (for invariant checks; O(num_pages))."""
@@ -72,8 +84,65 @@ class PagePool:
 
     def check(self) -> None:
         """Free list and free flags agree (AssertionError otherwise)."""
-        listed = np.concatenate([self._free[self._head :], *self._released]) if self.num_free else np.empty(0, np.int64)
+        listed = np.concatenate([self._free[self._head :], *self._released])
         assert len(np.unique(listed)) == listed.size, "a page is listed free twice"
         assert listed.size == int(self._is_free.sum()), "free list and free flags disagree"
         assert bool(self._is_free[listed].all()), "a listed page is not flagged free"
         assert not self._is_free[0], "page 0 is reserved and must never be free"
+
+
+class PageTable:
+    """A request's page ids in token order: a list-like growable array.
+
+    Behaves like the ``list[int]`` it replaces where the backends use one (``len``, iteration,
+    slice assignment of equal length, and slices that are copies, never views, so a slice
+    taken before an overwrite keeps the old ids), while conversions to slots and frees to
+    the pool stay numpy operations instead of a Python step per page.
+    """
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self, pages: npt.ArrayLike = ()) -> None:
+        arr = np.asarray(pages, dtype=np.int64).reshape(-1)
+        self._buf: PageIds = arr.copy()
+        self._n = arr.size
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tolist())
+
+    def __getitem__(self, idx: slice) -> PageIds:
+        if not isinstance(idx, slice):
+            raise TypeError(f"PageTable takes slices only, got {idx!r}")
+        return self._buf[: self._n][idx].copy()
+
+    def __setitem__(self, idx: slice, pages: npt.ArrayLike) -> None:
+        view = self._buf[: self._n][idx]
+        arr = np.asarray(pages, dtype=np.int64).reshape(-1)
+        if arr.size != view.size:
+            raise ValueError(f"page table slice of {view.size} pages assigned {arr.size} ids")
+        view[:] = arr
+
+    def extend(self, pages: PageIds) -> None:
+        """Append ``pages``; the buffer doubles when full, so decode appends amortise to O(1)."""
+        end = self._n + len(pages)
+        if end > len(self._buf):
+            grown = np.empty(max(end, 2 * len(self._buf)), dtype=np.int64)
+            grown[: self._n] = self._buf[: self._n]
+            self._buf = grown
+        self._buf[self._n : end] = pages
+        self._n = end
+
+    def array(self) -> PageIds:
+        """A read-only view of the ids (valid until the next extend or assignment)."""
+        view = self._buf[: self._n]
+        view.flags.writeable = False
+        return view
+
+    def tolist(self) -> list[int]:
+        return self._buf[: self._n].tolist()  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"PageTable({self.tolist()!r})"

@@ -28,7 +28,7 @@ from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import PageUsage, PrefixCache, ensure
-from prefixcache.pool import PagePool
+from prefixcache.pool import PageIds, PagePool, PageTable
 from prefixcache.request import Request
 
 # Multimodal placeholder tokens are replaced by values from here up, which no real token id
@@ -78,7 +78,7 @@ def request_key(req: Request) -> RadixKey:
 class _Live:
     """A live request's view: SGLang keeps these on its ``Req``."""
 
-    pages: list[int]  # page table: [0, protected) tree pages, then the request's own pages
+    pages: PageTable  # [0, protected) tree pages, then the request's own pages
     protected: int  # cache_protected_len: leading tokens whose slots belong to the tree
     last_node: TreeNode  # holds the lock on the tree part
     hits_counted: int  # tokens of its path already counted in hit_count (once per request)
@@ -108,13 +108,17 @@ class RadixPrefixCache(PrefixCache):
         self._live_state: dict[str, _Live] = {}
 
     # ------------------------------------------------------------------ pages <-> slots
-    def _slots(self, pages: list[int]) -> SlotArray:
+    def _slots(self, pages: PageIds) -> SlotArray:
         p = self.page_size
-        return (np.asarray(pages, dtype=np.int64)[:, None] * p + np.arange(p, dtype=np.int64)).reshape(-1)
+        if p == 1:
+            return pages  # slot == page
+        return (pages[:, None] * p + np.arange(p, dtype=np.int64)).reshape(-1)
 
-    def _pages_of(self, slots: SlotArray) -> list[int]:
+    def _pages_of(self, slots: SlotArray) -> PageIds:
         """Page ids of whole-page slot runs (slot // page_size at each page start)."""
-        return (slots[:: self.page_size] // self.page_size).tolist()  # type: ignore[no-any-return]
+        if self.page_size == 1:
+            return slots.copy()  # a copy, as the division below makes one: callers may keep it
+        return slots[:: self.page_size] // self.page_size  # type: ignore[no-any-return]
 
     def _free_slots(self, slots: SlotArray) -> None:
         self.pool.free(self._pages_of(slots))
@@ -147,7 +151,7 @@ class RadixPrefixCache(PrefixCache):
         new_pages = self.pool.alloc(need)
         assert new_pages is not None
         # [0, hit) tree pages (locked) | [hit, total) our own pages
-        pages = self._pages_of(match.indices) + new_pages.tolist()
+        pages = PageTable(np.concatenate([self._pages_of(match.indices), new_pages]))
         self._live_state[req.request_id] = _Live(pages, match.length, match.last_node, 0, req.num_tokens)
         self._admitted(req, match.length)
         return True
@@ -161,7 +165,7 @@ class RadixPrefixCache(PrefixCache):
             return False
         new_pages = self.pool.alloc(need)
         assert new_pages is not None
-        live.pages.extend(new_pages.tolist())
+        live.pages.extend(new_pages)
         return True
 
     def _commit(self, req: Request) -> None:
@@ -193,18 +197,19 @@ class RadixPrefixCache(PrefixCache):
         p = self.page_size
         aligned = req.num_computed_tokens // p * p
         if self.tree.disable:
-            self.pool.free(live.pages)
+            self.pool.free(live.pages.array())
             return
         cached = aligned
         if aligned > live.protected:
             own = self._slots(live.pages[: aligned // p])
             cached = self.tree.insert(request_key(req)[:aligned], own, hit_from=live.hits_counted)
         # [protected, cached) duplicates of tree pages | [aligned, end) unaligned tail + unused room
-        self.pool.free(live.pages[live.protected // p : cached // p] + live.pages[aligned // p :])
+        duplicates, tail = live.pages[live.protected // p : cached // p], live.pages[aligned // p :]
+        self.pool.free(np.concatenate([duplicates, tail]))
         self.tree.dec_lock_ref(live.last_node)
 
     def _page_table(self, req: Request) -> list[int]:
-        return list(self._live_state[req.request_id].pages)
+        return self._live_state[req.request_id].pages.tolist()
 
     def _evict(self, num_tokens: int) -> int:
         freed = self.tree.evict(num_tokens)
@@ -235,16 +240,16 @@ class RadixPrefixCache(PrefixCache):
             pages = self._pages_of(node.value)
             whole = np.array_equal(self._slots(pages), node.value)
             ensure(whole, f"{node} holds slots that are not whole pages")
-            tree_pages.extend(pages)
+            tree_pages.extend(pages.tolist())
         tree_set = set(tree_pages)
         ensure(len(tree_set) == len(tree_pages), "a page is held by two tree nodes")
         ensure(0 not in tree_set, "the tree holds reserved page 0")
         own: list[int] = []
         for rid, live in self._live_state.items():
             ensure(rid in self._reserved, f"state kept for {rid!r}, which is not live")
-            shared = live.pages[: live.protected // p]
+            shared = live.pages[: live.protected // p].tolist()
             ensure(set(shared) <= tree_set, f"{rid!r} points at prefix pages the tree no longer holds")
-            own.extend(x for x in live.pages[live.protected // p :] if x not in tree_set)
+            own.extend(x for x in live.pages[live.protected // p :].tolist() if x not in tree_set)
         ensure(len(set(own)) == len(own), "a page is owned by two live requests (or twice by one)")
         ensure(0 not in own, "a request holds reserved page 0")
         free = set(self.pool.free_page_ids().tolist())
