@@ -190,3 +190,29 @@ def test_check_invariants_catches_a_referenced_block_in_the_free_queue() -> None
     pool.blocks[2].ref_cnt = 1
     with pytest.raises(InvariantError, match="in free queue True"):
         pool.check_invariants()
+
+
+@pytest.mark.parametrize("miss_at", [0, 1, 15, 16, 17, 47, 48, 100, 200])
+def test_longest_prefix_equals_get_one_block_up_to_the_first_miss(miss_at: int) -> None:
+    """The chunked C-level scan returns what the per-key loop returns, duplicates included."""
+    m = BlockHashToBlockMap()
+    blocks = [KVCacheBlock(i) for i in range(1, 401)]
+    keys = [key(i) for i in range(200)]
+    for i, k in enumerate(keys):
+        if i != miss_at:
+            m.insert(k, blocks[i])
+        if i % 7 == 3:  # a duplicate: lookups return the first inserted block
+            m.insert(k, blocks[200 + i])
+    expected: list[KVCacheBlock] = []
+    for k in keys[:150]:
+        b = m.get_one_block(k)
+        if b is None:
+            break
+        expected.append(b)
+    assert m.longest_prefix(keys, 150) == expected
+    assert m.num_duplicated_keys == len([i for i in range(200) if i % 7 == 3 and i != miss_at])
+    for i in range(200):  # popping duplicates back to one block keeps the counter exact
+        if i % 7 == 3:
+            m.pop(keys[i], blocks[200 + i].block_id)
+    assert m.num_duplicated_keys == 0
+    assert m.longest_prefix(keys, 150) == [m.get_one_block(k) for k in keys[: min(miss_at, 150)]]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId
@@ -15,10 +15,13 @@ class BlockHashToBlockMap:
     never rewritten), so two requests that computed the same block both keep theirs.
     """
 
-    __slots__ = ("_cache",)
+    __slots__ = ("_cache", "num_duplicated_keys")
 
     def __init__(self) -> None:
         self._cache: dict[BlockHashWithGroupId, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        # Keys whose entry is a dict (>= 2 blocks). Ours: lets longest_prefix skip the
+        # per-block unwrapping in the common case of no duplicates.
+        self.num_duplicated_keys = 0
 
     def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
         """The first inserted block under ``key`` (dicts keep insertion order)."""
@@ -27,12 +30,33 @@ class BlockHashToBlockMap:
             return entry
         return next(iter(entry.values()))
 
+    def longest_prefix(self, keys: Sequence[BlockHashWithGroupId], limit: int) -> list[KVCacheBlock]:
+        """``[get_one_block(k) for k in keys[:limit]]`` up to the first miss, without a Python
+        step per key: dict lookups run in C (``map``) over chunks that double in size, so a
+        miss costs at most as many extra lookups as there were hits (plus the first chunk).
+        """
+        get = self._cache.get
+        found: list[KVCacheBlock | dict[int, KVCacheBlock] | None] = []
+        start, chunk, end = 0, 16, min(limit, len(keys))
+        while start < end:
+            entries = list(map(get, keys[start : min(start + chunk, end)]))
+            if None in entries:
+                found += entries[: entries.index(None)]
+                break
+            found += entries
+            start += chunk
+            chunk *= 2
+        if self.num_duplicated_keys:
+            return [e if isinstance(e, KVCacheBlock) else next(iter(e.values())) for e in found]  # type: ignore[union-attr]
+        return found  # type: ignore[return-value]
+
     def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
         entry = self._cache.get(key)
         if entry is None:
             self._cache[key] = block
         elif isinstance(entry, KVCacheBlock):
             self._cache[key] = {entry.block_id: entry, block.block_id: block}
+            self.num_duplicated_keys += 1
         else:
             entry[block.block_id] = block
 
@@ -47,10 +71,9 @@ class BlockHashToBlockMap:
             del self._cache[key]
             return entry
         block = entry.pop(block_id, None)
-        if not entry:
-            del self._cache[key]
-        elif len(entry) == 1:
+        if len(entry) == 1:  # a dict holds >= 2 blocks, so one pop leaves >= 1
             self._cache[key] = next(iter(entry.values()))
+            self.num_duplicated_keys -= 1
         return block
 
     def items(self) -> Iterator[tuple[BlockHashWithGroupId, KVCacheBlock]]:
@@ -67,3 +90,4 @@ class BlockHashToBlockMap:
 
     def clear(self) -> None:
         self._cache.clear()
+        self.num_duplicated_keys = 0

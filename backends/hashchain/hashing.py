@@ -184,3 +184,17 @@ class BlockHasher:
             hashes.append(parent)
             start += size
         return hashes
+
+    def block_keys(self, req: Request, group_id: int = 0) -> list[BlockHashWithGroupId]:
+        """``block_hashes`` with ``group_id`` appended: the hash-map keys, memoised beside the
+        hashes so a lookup builds no key (each key is made once per request)."""
+        hashes = self.block_hashes(req)
+        memo_key = (self, group_id)
+        keys: list[BlockHashWithGroupId] | None = req.memo.get(memo_key)  # type: ignore[assignment]
+        if keys is None:
+            keys = []
+            req.memo[memo_key] = keys
+        if len(keys) < len(hashes):
+            suffix = group_id.to_bytes(4, "big", signed=False)  # as make_block_hash_with_group_id
+            keys += [h + suffix for h in hashes[len(keys) :]]  # type: ignore[misc]
+        return keys

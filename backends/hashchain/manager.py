@@ -6,6 +6,8 @@ One full-attention group, so vLLM's coordinator and single-type manager are fold
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockPool
 from prefixcache.backends.hashchain.hashing import BlockHasher, HashFn
@@ -13,6 +15,7 @@ from prefixcache.backends.hashchain.hashing import BlockHasher, HashFn
 from prefixcache.request import Request
 
 KV_CACHE_GROUP_ID = 0
+_ref_cnt = attrgetter("ref_cnt")
 FREE_ORDERS = ("reverse", "forward")
 
 
@@ -49,14 +52,12 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return [], 0
-        block_hashes = self.hasher.block_hashes(request)
         max_num_blocks = (request.num_tokens - 1) // self.block_size
-        computed: list[KVCacheBlock] = []
-        for i in range(min(max_num_blocks, len(block_hashes))):
-            cached = self.block_pool.get_cached_block(block_hashes[i], (KV_CACHE_GROUP_ID,))
-            if cached is None:
-                break  # chained hashes: once block i misses, every later block misses too
-            computed.append(cached[0])
+        # Left to right, stop at the first miss (chained hashes: every later block misses
+        # too); get_cached_block per block, with the group-0 keys built once per request.
+        computed = self.block_pool.cached_block_hash_to_block.longest_prefix(
+            self.hasher.block_keys(request, KV_CACHE_GROUP_ID), max_num_blocks
+        )
         return computed, len(computed) * self.block_size
 
     # ---------------------------------------------------------------- write path
@@ -83,20 +84,29 @@ class KVCacheManager:
         # [num_computed_tokens, num_tokens_need)   to be computed now: needs slots
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens
-        held = self.req_to_blocks.get(request_id, [])
         num_required = -(-num_tokens_need_slot // self.block_size)
-        num_new_blocks = max(num_required - len(hit_blocks) - len(held), 0)
-        # A hit block nobody references sits in the free queue: touching it takes a free slot.
-        num_evictable_hits = sum(1 for b in hit_blocks if b.ref_cnt == 0 and not b.is_null)
-        if num_new_blocks + num_evictable_hits > self.block_pool.get_num_free_blocks():
-            return None
-
-        if request_id not in self.req_to_blocks:
-            self.block_pool.touch(hit_blocks)
-            self.req_to_blocks[request_id] = list(hit_blocks)
+        pool = self.block_pool
+        held = self.req_to_blocks.get(request_id)
+        if held is not None:
+            # Running: no hit, so only new blocks (none at most decode steps) need room.
+            num_new_blocks = num_required - len(held)
+            new_blocks: list[KVCacheBlock] = []
+            if num_new_blocks > 0:
+                if num_new_blocks > pool.free_block_queue.num_free_blocks:
+                    return None
+                new_blocks = pool.get_new_blocks(num_new_blocks)
+                held.extend(new_blocks)
+        else:
+            num_new_blocks = max(num_required - len(hit_blocks), 0)
+            # A hit block nobody references sits in the free queue: touching it takes a free
+            # slot. (Full-attention hits hold no null block.)
+            num_evictable_hits = list(map(_ref_cnt, hit_blocks)).count(0)
+            if num_new_blocks + num_evictable_hits > pool.free_block_queue.num_free_blocks:
+                return None
+            pool.touch(hit_blocks)
             self.num_cached_block[request_id] = len(hit_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
-        self.req_to_blocks[request_id].extend(new_blocks)
+            new_blocks = pool.get_new_blocks(num_new_blocks)
+            self.req_to_blocks[request_id] = [*hit_blocks, *new_blocks]
         if self.enable_caching:
             # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token).
             self.cache_blocks(request, min(num_tokens_need_slot, request.num_tokens))
