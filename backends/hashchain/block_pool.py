@@ -8,6 +8,7 @@ eviction is lazy.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue
@@ -21,6 +22,7 @@ from prefixcache.backends.hashchain.hashing import (
 from prefixcache.interface import ensure
 
 __all__ = ["BlockHashToBlockMap", "BlockPool"]
+_ref_cnt = attrgetter("ref_cnt")
 
 
 class BlockPool:
@@ -89,23 +91,26 @@ class BlockPool:
             return
         if len(block_hashes) < num_full_blocks:
             raise ValueError(f"{num_full_blocks} full blocks but only {len(block_hashes)} block hashes")
+        # make_block_hash_with_group_id inlined: one bytes concatenation per block.
+        suffix = kv_cache_group_id.to_bytes(4, "big", signed=False)
+        insert = self.cached_block_hash_to_block.insert
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:  # sliding-window placeholder: nothing to cache
                 continue
-            key = make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id)
+            key: BlockHashWithGroupId = block_hashes[i] + suffix  # type: ignore[assignment]
             block.block_hash = key  # raises if the block already has one
-            self.cached_block_hash_to_block.insert(key, block)
+            insert(key, block)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` from the head; a popped cached block loses its hash now."""
-        if num_blocks > self.get_num_free_blocks():
+        if num_blocks > self.free_block_queue.num_free_blocks:
             raise ValueError(
                 f"cannot get {num_blocks} free blocks from the pool ({self.get_num_free_blocks()} free)"
             )
         blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
-            if block.block_hash is not None:
+            if block._block_hash is not None:  # the property, read without a call
                 self.num_cached_free_blocks -= 1
                 self._maybe_evict_cached_block(block)
             block.ref_cnt += 1
@@ -113,12 +118,13 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A hit: take unreferenced blocks out of the free queue, then ref_cnt += 1."""
+        queue = self.free_block_queue
         for block in blocks:
             if block.is_null:  # we skip the null block's ref_cnt; vLLM bumps it and never reads it
                 continue
             if block.ref_cnt == 0:
-                self.free_block_queue.remove(block)
-                if block.block_hash is not None:
+                queue.remove(block)
+                if block._block_hash is not None:
                     self.num_cached_free_blocks -= 1
             block.ref_cnt += 1
 
@@ -130,21 +136,25 @@ class BlockPool:
         """
         blocks = [b for b in ordered_blocks if not b.is_null]
         # Ours (vLLM does not check): a bad free raises before any change, leaving the pool intact.
-        for block in blocks:
-            if block.ref_cnt <= 0:
-                raise ValueError(f"free of block {block.block_id} whose ref_cnt is {block.ref_cnt}")
+        if blocks and min(map(_ref_cnt, blocks)) <= 0:
+            bad = next(b for b in blocks if b.ref_cnt <= 0)
+            raise ValueError(f"free of block {bad.block_id} whose ref_cnt is {bad.ref_cnt}")
         released: list[KVCacheBlock] = []
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 released.append(block)
-        with_hash = [b for b in released if b.block_hash is not None]
-        self.num_cached_free_blocks += len(with_hash)
+        if not released:
+            return
         if self.unhashed_first:
-            self.free_block_queue.prepend_n([b for b in released if b.block_hash is None])
+            with_hash = [b for b in released if b._block_hash is not None]
+            self.num_cached_free_blocks += len(with_hash)
+            if len(with_hash) < len(released):
+                self.free_block_queue.prepend_n([b for b in released if b._block_hash is None])
             self.free_block_queue.append_n(with_hash)
         else:
             # Ablation: one LRU queue in the given order, hashed or not.
+            self.num_cached_free_blocks += sum(1 for b in released if b._block_hash is not None)
             self.free_block_queue.append_n(released)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> int:

@@ -64,7 +64,8 @@ class FreeKVCacheBlockQueue:
         assert last is not None
         count = 0
         for block in blocks:
-            self._check_unlinked(block)
+            if block.prev_free_block is not None or block.next_free_block is not None:
+                self._check_unlinked(block)  # raises
             last.next_free_block = block
             block.prev_free_block = last
             last = block
@@ -80,7 +81,8 @@ class FreeKVCacheBlockQueue:
         prev = self.fake_free_list_head
         count = 0
         for block in blocks:
-            self._check_unlinked(block)
+            if block.prev_free_block is not None or block.next_free_block is not None:
+                self._check_unlinked(block)  # raises
             prev.next_free_block = block
             block.prev_free_block = prev
             prev = block
