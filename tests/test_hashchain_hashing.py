@@ -208,3 +208,40 @@ def test_block_hash_memo_is_per_hasher_so_block_sizes_do_not_mix() -> None:
     four = BlockHasher(4, sha256).block_hashes(req)
     eight = BlockHasher(8, sha256).block_hashes(req)
     assert len(four) == 4 and len(eight) == 2 and eight[0] != four[1]
+
+
+def plain_block_hashes(req: Request, block_size: int, hash_fn: Any) -> list[bytes]:
+    """REFERENCE A1 written out: hash_block_tokens over every full block, extra keys and all."""
+    out: list[bytes] = []
+    parent = None
+    for start in range(0, req.num_tokens - block_size + 1, block_size):
+        extra = generate_block_hash_extra_keys(req, start, start + block_size)
+        parent = hash_block_tokens(hash_fn, parent, req.all_token_ids[start : start + block_size], extra)
+        out.append(parent)
+    return out
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"cache_salt": "t"},
+        {"lora_name": "a"},
+        {"mm_hashes": [("img", 5, 6)]},
+        {"cache_salt": "t", "lora_name": "a"},
+    ],
+)
+def test_block_hasher_fast_path_gives_the_plain_definitions_hashes(
+    name: str, options: dict[str, Any]
+) -> None:
+    """The hasher's inlined loop (no extra keys) must not change a single hash."""
+    fn = get_hash_fn(name)
+    for block_size in (1, 3, 4, 16):
+        req = Request("r", [0, 255, 256, 65535, 65536, 2**31 - 1, 2**31, *tokens(60)], **options)
+        hasher = BlockHasher(block_size, fn)
+        hasher.block_hashes(req)  # then grow it and hash incrementally, as decoding does
+        req.append_output_token_ids(tokens(2 * block_size + 1, seed=9))
+        assert hasher.block_hashes(req) == plain_block_hashes(req, block_size, fn)
+        keys = hasher.block_keys(req, 3)
+        assert keys == [make_block_hash_with_group_id(h, 3) for h in hasher.block_hashes(req)]

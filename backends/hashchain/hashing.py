@@ -178,9 +178,22 @@ class BlockHasher:
             return hashes
         tokens = req.all_token_ids
         parent = hashes[-1] if hashes else self.none_hash
+        hash_fn = self.hash_fn
+        if req.lora_name is None and not req.mm_hashes:
+            if start == 0 and req.cache_salt is not None:  # the salt keys the first block only
+                parent = hash_block_tokens(hash_fn, parent, tokens[:size], (("cache_salt", req.cache_salt),))
+                hashes.append(parent)
+                start = size
+            # No extra keys: hash_block_tokens(hash_fn, parent, block, None) inlined, one
+            # Python call per block (the hash function) instead of three.
+            while start + size <= num_tokens:
+                parent = hash_fn((parent, tuple(tokens[start : start + size]), None))
+                hashes.append(parent)
+                start += size
+            return hashes
         while start + size <= num_tokens:
             extra = generate_block_hash_extra_keys(req, start, start + size)
-            parent = hash_block_tokens(self.hash_fn, parent, tokens[start : start + size], extra)
+            parent = hash_block_tokens(hash_fn, parent, tokens[start : start + size], extra)
             hashes.append(parent)
             start += size
         return hashes
