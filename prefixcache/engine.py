@@ -28,6 +28,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from prefixcache.interface import PrefixCache
 from prefixcache.request import Request
 from prefixcache.scheduler import Scheduler, make_scheduler
@@ -80,6 +82,24 @@ class RequestRecord:
     rejected: bool = False  # could never fit in the cache; never admitted
 
 
+def simulated_tokens(seed: int, request_id: str, n: int, vocab_size: int) -> list[int]:
+    """Output tokens 0..n-1 of a request without a planned output: splitmix64 of
+    ``(crc32(id) << 32) ^ (seed + (k + 1) * golden)`` mod ``vocab_size``, vectorised (uint64
+    arithmetic wraps exactly as the ``& _MASK64`` of the scalar formula)."""
+    base = np.uint64(zlib.crc32(request_id.encode()) << 32)
+    x = np.arange(1, n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x *= np.uint64(0x9E3779B97F4A7C15)
+        x += np.uint64(seed & _MASK64)
+        x ^= base
+        x ^= x >> np.uint64(30)  # splitmix64 finaliser
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x % np.uint64(vocab_size)).tolist()  # type: ignore[no-any-return]
+
+
 class Engine:
     """Steps requests through a PrefixCache; see the module docstring for the policy."""
 
@@ -113,6 +133,7 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._in_prefill: set[str] = set()
+        self._simulated: dict[str, list[int]] = {}  # request id -> its simulated output tokens
         self.clock = 0.0
         self.step_count = 0
         self.num_finished = 0
@@ -192,12 +213,13 @@ class Engine:
         budget = self.token_budget
         scheduled: list[tuple[Request, int]] = []
         preempted = False
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self._allocate(req, n):
-                victim = self.running.pop()  # the latest admitted goes first, as in vLLM
+                victim = running.pop()  # the latest admitted goes first, as in vLLM
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -237,35 +259,58 @@ class Engine:
             admitted.add(req.request_id)
             budget -= n
         if admitted:
-            self.waiting = deque(r for r in self.waiting if r.request_id not in admitted)
+            self._remove_waiting(admitted)
         return budget
+
+    def _remove_waiting(self, admitted: set[str]) -> None:
+        """Take the admitted requests out of the waiting queue, keeping the others' order.
+        FCFS admits a run from the front: popping it costs O(admitted), not O(waiting)."""
+        waiting = self.waiting
+        popped = 0
+        while popped < len(admitted) and waiting and waiting[0].request_id in admitted:
+            waiting.popleft()
+            popped += 1
+        if popped < len(admitted):
+            self.waiting = deque(r for r in waiting if r.request_id not in admitted)
 
     def _execute(self, scheduled: list[tuple[Request, int]]) -> None:
         next_tokens = self._run_model(scheduled) if self.model is not None else None
+        # The loops below run once per scheduled request per step (every decode token): plain
+        # locals and the per-request record fetched once, no helper calls but the cache's.
+        records, in_prefill, commit = self.records, self._in_prefill, self.cache.commit
+        now_ns = time.perf_counter_ns
         prefill = decode = 0
         for req, n in scheduled:
-            if req.request_id in self._in_prefill:
+            rec = records[req.request_id]
+            if req.request_id in in_prefill:
                 prefill += n
-                self.records[req.request_id].computed_prefill_tokens += n
+                rec.computed_prefill_tokens += n
             else:
                 decode += n
             req.num_computed_tokens += n
-            self._timed(req, self.cache.commit)
+            t0 = now_ns()
+            try:
+                commit(req)
+            finally:
+                rec.cache_op_ns += now_ns() - t0
         self.clock += self.cost_model.step_time(prefill, decode)  # times: at the end of the step
         self.prefill_tokens += prefill
         self.decode_tokens += decode
         for idx, (req, _) in enumerate(scheduled):
-            if req.num_computed_tokens < req.num_tokens:
+            num_tokens = req.num_tokens
+            if req.num_computed_tokens < num_tokens:
                 continue  # mid-prefill: no token yet
-            self._in_prefill.discard(req.request_id)
-            rec = self.records[req.request_id]
-            if req.num_output_tokens < req.max_new_tokens:
+            in_prefill.discard(req.request_id)
+            rec = records[req.request_id]
+            num_output = num_tokens - req.num_prompt_tokens
+            if num_output < req.max_new_tokens:
                 token = next_tokens[idx] if next_tokens is not None else self._simulated_token(req)
                 req.append_output_token_ids(token)
-                rec.output_tokens = req.num_output_tokens
+                num_output += 1
+                rec.output_tokens = num_output
                 if rec.first_token_step is None:
                     rec.first_token_step, rec.first_token_time = self.step_count, self.clock
-            if req.num_output_tokens >= req.max_new_tokens:
+            if num_output >= req.max_new_tokens:
                 self._finish(req)
         self.step_count += 1  # step numbers count from 0, as admission_step does
 
@@ -286,9 +331,14 @@ class Engine:
         return int(self._timed(req, self.cache.lookup))
 
     def _allocate(self, req: Request, n: int) -> bool:
+        rec = self.records[req.request_id]
         evicted = self.cache.stats.evicted_tokens
-        ok = bool(self._timed(req, self.cache.allocate, n))
-        self.records[req.request_id].evicted_tokens += self.cache.stats.evicted_tokens - evicted
+        t0 = time.perf_counter_ns()
+        try:
+            ok = bool(self.cache.allocate(req, n))
+        finally:
+            rec.cache_op_ns += time.perf_counter_ns() - t0
+        rec.evicted_tokens += self.cache.stats.evicted_tokens - evicted
         return ok
 
     def _preempt(self, req: Request) -> None:
@@ -301,6 +351,7 @@ class Engine:
 
     def _finish(self, req: Request) -> None:
         self._timed(req, self.cache.release)
+        self._simulated.pop(req.request_id, None)
         self.running.remove(req)
         rec = self.records[req.request_id]
         rec.finish_step, rec.finish_time = self.step_count, self.clock
@@ -315,11 +366,13 @@ class Engine:
         k = req.num_output_tokens
         if isinstance(planned, (list, tuple)) and k < len(planned):
             return int(planned[k])
-        base = zlib.crc32(req.request_id.encode()) << 32
-        x = (base ^ (self.seed + (k + 1) * 0x9E3779B97F4A7C15)) & _MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64  # splitmix64 finaliser
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-        return (x ^ (x >> 31)) % self.vocab_size
+        # All of a request's tokens at once, on its first decode step (dropped at finish).
+        tokens = self._simulated.get(req.request_id)
+        if tokens is None or k >= len(tokens):
+            n = max(req.max_new_tokens, k + 1)
+            tokens = simulated_tokens(self.seed, req.request_id, n, self.vocab_size)
+            self._simulated[req.request_id] = tokens
+        return tokens[k]
 
     def _run_model(self, scheduled: list[tuple[Request, int]]) -> list[int]:
         from prefixcache.model import SeqChunk  # model mode only: torch stays out of simulation

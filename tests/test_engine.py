@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 
 from prefixcache import CacheConfig, Request, available_backends, make_cache
-from prefixcache.engine import PLANNED_OUTPUT, Engine
+from prefixcache.engine import PLANNED_OUTPUT, Engine, simulated_tokens
 from prefixcache.scheduler import available_schedulers, dfs_weight_order, make_scheduler
 from tests.helpers import tokens
 
@@ -178,3 +180,18 @@ def test_model_mode_greedy_tokens_do_not_depend_on_cache_hits(backend: str) -> N
 def small_shared() -> list[Request]:
     base = tokens(14, seed=1, vocab=97)
     return [Request(f"s{i}", base + tokens(5, seed=20 + i, vocab=97)) for i in range(3)]
+
+
+@pytest.mark.parametrize("seed", [0, 7, -5, 2**70 + 3])
+def test_vectorised_simulated_tokens_equal_the_scalar_splitmix(seed: int) -> None:
+    mask = (1 << 64) - 1
+
+    def scalar(request_id: str, k: int, vocab: int) -> int:
+        base = zlib.crc32(request_id.encode()) << 32
+        x = (base ^ (seed + (k + 1) * 0x9E3779B97F4A7C15)) & mask
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return (x ^ (x >> 31)) % vocab
+
+    for rid, vocab in (("r0", 32_000), ("trace-123", 7), ("x" * 40, 151_936)):
+        assert simulated_tokens(seed, rid, 300, vocab) == [scalar(rid, k, vocab) for k in range(300)]
