@@ -120,8 +120,9 @@ class Request:
         # backend wanting one (radix keys) does not convert the tuple back token by token.
         self._prompt_array: npt.NDArray[np.int64] | None = None
         if isinstance(prompt_token_ids, np.ndarray) and prompt_token_ids.dtype == np.int64:
-            self._prompt_array = prompt_token_ids.copy()  # ours: the caller may mutate theirs
-            self._prompt_array.flags.writeable = False
+            arr = prompt_token_ids.astype(np.int64)  # a copy of ours: the caller may mutate theirs
+            arr.flags.writeable = False
+            self._prompt_array = arr
         # Per-backend memos keyed by the owner (e.g. a block hasher); see the class docstring.
         self.memo: dict[Hashable, object] = {}
 
