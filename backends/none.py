@@ -13,7 +13,7 @@ class NoCache(PrefixCache):
 
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)
-        self.pool = PagePool(config.num_pages)
+        self.pool = PagePool(config.num_pages, need_sort=True, page_size=config.page_size)
         self._pages: dict[str, PageTable] = {}
 
     def _lookup(self, req: Request) -> int:

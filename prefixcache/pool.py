@@ -1,10 +1,28 @@
-"""The page allocator that the radix and no-cache backends share (SGLang's paged allocator).
+"""The page allocator that the radix and no-cache backends share (SGLang's KV allocators).
 
-Pages are integer ids in ``[1, num_pages)``; page 0 is reserved and never handed out. The
-free list is a numpy array consumed from the front; freed pages collect in a side list and are
-merged back (sorted, so low ids are reused first) only when the front runs short, which is what
-SGLang's ``PagedTokenToKVPoolAllocator`` does with ``need_sort``. The hashchain backend keeps
-its own free queue (vLLM's ``FreeKVCacheBlockQueue``) over the same id space and size.
+Pages are integer ids in ``[1, num_pages)``; page 0 is reserved and never handed out (SGLang's
+padding slot). Allocation always takes pages from the front of the free list. What happens to
+freed pages follows SGLang 0.5.23's two modes (``mem_cache/allocator/``):
+
+``need_sort=False`` (SGLang's default; it sets ``need_sort`` only under prefill/decode
+disaggregation, ``kv_cache_configurator.py``):
+    page size 1 (``TokenToKVPoolAllocator.free``): freed pages are **appended** at the tail in
+    the order given, so the pool is FIFO: the longest-free page is reused first;
+    page size > 1 (``PagedTokenToKVPoolAllocator._release_page_ids``): each free call's pages
+    are **prepended** as a block in the order given, so the most recently freed pages are
+    reused first. (SGLang's backends free through ``free_segment``/``free_page_ids``, which
+    keep the given order; only its ``free()`` sorts a call's pages via ``torch.unique``.)
+``need_sort=True``:
+    freed pages are staged (``release_pages`` / ``staged_pages``) and merged into the free
+    list, which is then sorted, only when an allocation finds the front too short:
+    ``merge_and_sort_free``. The caller may give a larger ``merge_if_over`` than it allocates,
+    because ``alloc_extend`` tests an over-estimate (``extend_num_tokens // page_size + bs +
+    1``) and ``alloc_decode`` tests ``bs``, not the exact page count.
+
+The free list lives in a numpy buffer of twice the pool size: appends write after the live
+region, prepends before it (paged mode keeps the region's end fixed, so a prepend always
+fits), so no operation loops over pages in Python. The hashchain backend keeps its own free
+queue (vLLM's ``FreeKVCacheBlockQueue``) over the same id space and size.
 """
 
 from __future__ import annotations
@@ -18,16 +36,25 @@ PageIds = npt.NDArray[np.int64]
 
 
 class PagePool:
-    __slots__ = ("num_pages", "_free", "_head", "_released", "_num_released", "_is_free", "_mark")
+    __slots__ = (
+        "num_pages", "need_sort", "append_freed", "_buf", "_head", "_tail",
+        "_released", "_num_released", "_is_free", "_mark",
+    )
 
-    def __init__(self, num_pages: int) -> None:
+    def __init__(self, num_pages: int, *, need_sort: bool = False, page_size: int = 1) -> None:
         if num_pages < 2:
             raise ValueError(f"a pool needs at least 2 pages (page 0 is reserved), got {num_pages}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.num_pages = num_pages
+        self.need_sort = need_sort
+        # SGLang's token allocator (page size 1) appends freed slots; its paged one prepends.
+        self.append_freed = page_size == 1
         self._is_free = np.ones(num_pages, dtype=bool)
         self._is_free[0] = False  # the reserved page is never free, never allocated
-        self._free: PageIds = np.arange(1, num_pages, dtype=np.int64)
-        self._head = 0
+        self._buf: PageIds = np.empty(2 * num_pages, dtype=np.int64)
+        self._head = self._tail = 0
+        self._place(np.arange(1, num_pages, dtype=np.int64))
         self._released: list[PageIds] = []
         self._num_released = 0
         # Scratch for the repeated-id check in free(); its contents never matter between calls.
@@ -35,21 +62,31 @@ class PagePool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free) - self._head + self._num_released
+        return self._tail - self._head + self._num_released
 
-    def alloc(self, n: int) -> PageIds | None:
-        """Take ``n`` free pages (lowest-numbered first after a merge); None if too few."""
+    @property
+    def num_ready(self) -> int:
+        """Free pages in the free list proper (not staged for a merge)."""
+        return self._tail - self._head
+
+    def alloc(self, n: int, *, merge_if_over: int | None = None) -> PageIds | None:
+        """Take ``n`` pages from the front of the free list; None (nothing changed) if fewer
+        than ``n`` are free. With ``need_sort``, staged pages are merged in and the list sorted
+        first when ``max(n, merge_if_over)`` exceeds the pages in the list (SGLang's test).
+        ``n`` may be 0: only the merge test runs (SGLang's ``alloc_extend`` runs it even when
+        the extend fits in the request's last page)."""
         if n > self.num_free:
-            return None
-        if n > len(self._free) - self._head:
+            return None  # SGLang raises out-of-memory here; we change nothing instead
+        if self.need_sort and max(n, merge_if_over or 0) > self._tail - self._head:
             self._merge_released()
-        pages = self._free[self._head : self._head + n].copy()
+        pages = self._buf[self._head : self._head + n].copy()
         self._head += n
         self._is_free[pages] = False
         return pages
 
     def free(self, pages: npt.ArrayLike) -> None:
-        """Return pages to the pool. Raises ValueError on page 0, unknown or already-free ids."""
+        """Return pages to the pool, in the given order (which decides reuse order unless
+        ``need_sort``). Raises ValueError on page 0, unknown or already-free ids."""
         arr = np.asarray(pages, dtype=np.int64).reshape(-1)
         if arr.size == 0:
             return
@@ -58,8 +95,26 @@ class PagePool:
         if self._is_free[arr].any() or self._has_repeats(arr):
             raise ValueError(f"double free of pages {arr[self._is_free[arr]].tolist()[:8]} (or repeated ids)")
         self._is_free[arr] = True
-        self._released.append(arr.copy())
-        self._num_released += arr.size
+        if self.need_sort:
+            self._released.append(arr.copy())
+            self._num_released += arr.size
+        elif self.append_freed:
+            if self._tail + arr.size > len(self._buf):  # shift the live region to the start
+                live = self._tail - self._head
+                self._buf[:live] = self._buf[self._head : self._tail]
+                self._head, self._tail = 0, live
+            self._buf[self._tail : self._tail + arr.size] = arr
+            self._tail += arr.size
+        else:
+            # The region ends at len(buf) and holds < num_pages ids, so there is always room.
+            self._buf[self._head - arr.size : self._head] = arr
+            self._head -= arr.size
+
+    def _place(self, ids: PageIds) -> None:
+        """Make ``ids`` the whole free list, at the end of the buffer that its mode grows from."""
+        start = 0 if self.append_freed else len(self._buf) - ids.size
+        self._buf[start : start + ids.size] = ids
+        self._head, self._tail = start, start + ids.size
 
     def _has_repeats(self, arr: PageIds) -> bool:
         """Whether an id occurs twice in ``arr``, in O(len(arr)) (np.unique would sort): write
@@ -73,18 +128,23 @@ class PagePool:
         """All free page ids (for invariant checks; O(num_pages))."""
         return np.flatnonzero(self._is_free).astype(np.int64)
 
+    def free_list(self) -> PageIds:
+        """The free list in allocation order, then the staged pages (a copy; for tests)."""
+        return np.concatenate([self._buf[self._head : self._tail], *self._released])
+
     def is_free(self, page: int) -> bool:
         return bool(self._is_free[page])
 
     def _merge_released(self) -> None:
-        self._free = np.sort(np.concatenate([self._free[self._head :], *self._released]))
-        self._head = 0
-        self._released = []
-        self._num_released = 0
+        """SGLang's ``merge_and_sort_free``: staged pages join the list, which is sorted."""
+        if self._released:
+            self._place(np.sort(self.free_list()))
+            self._released = []
+            self._num_released = 0
 
     def check(self) -> None:
         """Free list and free flags agree (AssertionError otherwise)."""
-        listed = np.concatenate([self._free[self._head :], *self._released])
+        listed = self.free_list()
         assert len(np.unique(listed)) == listed.size, "a page is listed free twice"
         assert listed.size == int(self._is_free.sum()), "free list and free flags disagree"
         assert bool(self._is_free[listed].all()), "a listed page is not flagged free"

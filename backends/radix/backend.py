@@ -97,7 +97,7 @@ class RadixPrefixCache(PrefixCache):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(config)
-        self.pool = PagePool(config.num_pages)
+        self.pool = PagePool(config.num_pages, need_sort=True, page_size=config.page_size)
         self.tree = RadixCache(
             config.page_size,
             disable=disable,
@@ -217,7 +217,7 @@ class RadixPrefixCache(PrefixCache):
         return freed
 
     def _reset(self) -> None:
-        self.pool = PagePool(self.config.num_pages)  # no request is live: every page returns
+        self.pool = PagePool(self.config.num_pages, need_sort=True, page_size=self.page_size)  # no request is live: every page returns
         self.tree.reset()
 
     # ------------------------------------------------------------------ accounting
