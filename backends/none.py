@@ -11,9 +11,10 @@ from prefixcache.request import Request
 class NoCache(PrefixCache):
     name = "none"
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, *, need_sort: bool = False) -> None:
+        """need_sort: the pool's SGLang allocator mode, as for the radix backend (default: SGLang's)."""
         super().__init__(config)
-        self.pool = PagePool(config.num_pages, need_sort=True, page_size=config.page_size)
+        self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
         self._pages: dict[str, PageTable] = {}
 
     def _lookup(self, req: Request) -> int:

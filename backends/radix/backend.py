@@ -4,10 +4,17 @@ SGLang's request flow, in our hooks::
 
     lookup   match_prefix(all tokens but the last, whole pages)         (no lock, no count)
     allocate first: match, inc_lock_ref(last node), take pages (evicting unlocked leaves)
-    commit   cache_unfinished_req: insert computed pages, re-point the page table at the tree's
-             slots, free our duplicates, re-match, move the lock to the new last node
-    release  cache_finished_req: insert every token whose KV exists, free duplicates and the
-             unaligned tail, dec_lock_ref
+             later: take pages for an extend or a decode step
+             Eviction demands are SGLang's (allocation.py): page size 1 ``alloc_token_slots``
+             evicts for n tokens; a paged extend (``alloc_paged_token_slots_extend``) for
+             n + page_size (it assumes each request needs a fresh page), a paged decode step
+             (``alloc_paged_token_slots_decode``) for page_size; each evicts what is short of
+             that after the free pages (``evict_to_free_tokens``), in whole leaves.
+    commit   after an extend (not after a decode step), RadixCache.checkpoint: insert the
+             computed whole pages, split at the prompt boundary, re-point the page table at
+             the tree's slots, free our duplicates, re-match, move the lock to the new last node
+    release  release_kv_cache(checkpoint=True): checkpoint every token whose KV exists, free
+             the unaligned tail, unlock, free the unused room (three frees, in SGLang's order)
 
 Pages: the tree stores per-token slot indices (slot = page * page_size + offset, as SGLang's
 paged allocator hands them out) but memory moves by whole pages from the shared ``PagePool``.
@@ -82,7 +89,8 @@ class _Live:
     protected: int  # cache_protected_len: leading tokens whose slots belong to the tree
     last_node: TreeNode  # holds the lock on the tree part
     hits_counted: int  # tokens of its path already counted in hit_count (once per request)
-    prefill_end: int  # tokens it had at admission: commits publish up to here, release the rest
+    prefill_end: int  # tokens it had at admission: steps from here on are decode steps
+    decoding: bool = False  # the last allocation was a decode step: no checkpoint after it
 
 
 class RadixPrefixCache(PrefixCache):
@@ -95,9 +103,13 @@ class RadixPrefixCache(PrefixCache):
         eviction_policy: str = "lru",
         disable: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        need_sort: bool = False,
     ) -> None:
+        """need_sort: SGLang's allocator mode (prefixcache/pool.py); SGLang sets it only under
+        prefill/decode disaggregation, so the default False is what a plain SGLang server does."""
         super().__init__(config)
-        self.pool = PagePool(config.num_pages, need_sort=True, page_size=config.page_size)
+        self.need_sort = need_sort
+        self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
         self.tree = RadixCache(
             config.page_size,
             disable=disable,
@@ -123,16 +135,32 @@ class RadixPrefixCache(PrefixCache):
     def _free_slots(self, slots: SlotArray) -> None:
         self.pool.free(self._pages_of(slots))
 
-    def _make_room(self, num_pages: int) -> bool:
-        """Ensure ``num_pages`` free pages, evicting unlocked leaves; False (nothing evicted) if
-        even evicting all of them would not do."""
-        short = num_pages - self.pool.num_free
-        if short <= 0:
-            return True
-        if self.tree.evictable_size() // self.page_size < short:
+    def _make_room(self, num_pages: int, demand_tokens: int) -> bool:
+        """SGLang's ``evict_to_free_tokens(demand_tokens)`` before taking ``num_pages`` pages:
+        evict unlocked leaves for what ``demand_tokens`` (the caller's over-estimate, as
+        allocation.py computes it) exceeds the free tokens. False, evicting nothing, if even
+        evicting every unlocked leaf would not give ``num_pages`` pages (SGLang would evict
+        and then fail the allocation with an out-of-memory error)."""
+        free = self.pool.num_free
+        if num_pages > free + self.tree.evictable_size() // self.page_size:
             return False
-        self.stats.evicted_tokens += self.tree.evict(short * self.page_size)
+        short = demand_tokens - free * self.page_size
+        if short > 0:
+            self.stats.evicted_tokens += self.tree.evict(short)
         return True
+
+    def _demand(self, num_tokens: int, decode: bool) -> tuple[int, int]:
+        """(tokens to evict for, pages the need_sort merge test uses) for an allocation of
+        ``num_tokens`` tokens for one request (SGLang's batch size 1):
+        page 1: alloc_token_slots -> (n, n); paged decode: alloc_paged_token_slots_decode and
+        alloc_decode -> (page_size, bs); paged extend: alloc_paged_token_slots_extend and
+        alloc_extend -> (n + bs * page_size, n // page_size + bs + 1)."""
+        p = self.page_size
+        if p == 1:
+            return num_tokens, num_tokens
+        if decode:
+            return p, 1
+        return num_tokens + p, num_tokens // p + 2
 
     # ------------------------------------------------------------------ hooks
     def _lookup(self, req: Request) -> int:
@@ -145,10 +173,11 @@ class RadixPrefixCache(PrefixCache):
         self._check_fits(req, total)
         self.tree.inc_lock_ref(match.last_node)  # first, so making room cannot evict our hit
         need = -(-total // self.page_size) - match.length // self.page_size
-        if not self._make_room(need):
+        demand, merge_if_over = self._demand(num_new_tokens, decode=False)
+        if not self._make_room(need, demand):
             self.tree.dec_lock_ref(match.last_node)
             return False
-        new_pages = self.pool.alloc(need)
+        new_pages = self.pool.alloc(need, merge_if_over=merge_if_over)
         assert new_pages is not None
         # [0, hit) tree pages (locked) | [hit, total) our own pages
         pages = PageTable(np.concatenate([self._pages_of(match.indices), new_pages]))
@@ -158,29 +187,43 @@ class RadixPrefixCache(PrefixCache):
 
     def _extend(self, req: Request, total_tokens: int) -> bool:
         live = self._live_state[req.request_id]
-        need = -(-total_tokens // self.page_size) - len(live.pages)
-        if need <= 0:
+        decoding = req.num_computed_tokens >= live.prefill_end  # past what it was admitted with
+        num_tokens = total_tokens - self.reserved_tokens(req)
+        if num_tokens <= 0:
+            live.decoding = decoding
             return True
-        if not self._make_room(need):
+        # SGLang's decode path allocates one token per request; more is an extend.
+        decode = decoding and num_tokens == 1
+        need = -(-total_tokens // self.page_size) - len(live.pages)
+        demand, merge_if_over = self._demand(num_tokens, decode)
+        # A paged extend inside the last page takes no page but still evicts for its demand
+        # and runs the merge test, as SGLang's alloc_extend does.
+        if not self._make_room(need, demand):
             return False
-        new_pages = self.pool.alloc(need)
+        new_pages = self.pool.alloc(need, merge_if_over=merge_if_over)
         assert new_pages is not None
         live.pages.extend(new_pages)
+        live.decoding = decoding
         return True
 
-    def _commit(self, req: Request) -> None:
-        """SGLang's ``cache_unfinished_req``: publish the computed whole pages."""
-        live = self._live_state[req.request_id]
-        # SGLang inserts at the end of each prefill chunk (cache_unfinished_req) but not after
-        # decode steps: output tokens reach the tree at release (cache_finished_req).
-        aligned = min(req.num_computed_tokens, live.prefill_end) // self.page_size * self.page_size
-        if self.tree.disable or aligned <= live.protected:
-            return
+    def _checkpoint(self, req: Request, live: _Live) -> None:
+        """SGLang's ``RadixCache.checkpoint(req, up_to=num_computed_tokens)`` (radix_cache.py).
+
+        Insert the computed whole pages (``_insert_cache``; this stamps the path even when
+        nothing is new), re-insert the prompt's whole pages with priority + 1 when output
+        tokens follow them (``split_prompt``: the leaf splits at the prompt boundary, so
+        eviction can drop the output without the prompt), free our duplicates of tree pages,
+        re-match (stamping the path again), point the page table at the tree's pages and move
+        the lock to the new last node."""
         p = self.page_size
+        aligned = req.num_computed_tokens // p * p
         key = request_key(req)[:aligned]
         own = self._slots(live.pages[: aligned // p])
         cached = self.tree.insert(key, own, hit_from=live.hits_counted)
-        live.hits_counted = aligned
+        live.hits_counted = max(live.hits_counted, aligned)
+        prompt = req.num_prompt_tokens // p * p
+        if 0 < prompt < aligned:
+            self.tree.insert(key[:prompt], own[:prompt], priority=1, hit_from=prompt)
         duplicates = live.pages[live.protected // p : cached // p]
         match = self.tree.match_prefix(key)
         assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"
@@ -191,22 +234,28 @@ class RadixPrefixCache(PrefixCache):
         self.tree.inc_lock_ref(match.last_node)
         live.last_node, live.protected = match.last_node, aligned
 
+    def _commit(self, req: Request) -> None:
+        """SGLang checkpoints after each extend (prefill chunk), not after a decode step:
+        output tokens reach the tree at release."""
+        live = self._live_state[req.request_id]
+        if self.tree.disable or live.decoding or req.num_computed_tokens == 0:
+            return
+        self._checkpoint(req, live)
+
     def _release(self, req: Request) -> None:
-        """SGLang's ``cache_finished_req``: cache every token whose KV exists, then unlock."""
+        """SGLang's ``release_kv_cache(req, tree, checkpoint=True)`` (common.py): checkpoint the
+        computed tokens, free the row's unshared computed part (the unaligned last page), unlock,
+        then free the room allocated beyond the computed tokens. Each is its own free, so with
+        need_sort=False at page size > 1 the unused room is reused first."""
         live = self._live_state.pop(req.request_id)
         p = self.page_size
-        aligned = req.num_computed_tokens // p * p
-        if self.tree.disable:
-            self.pool.free(live.pages.array())
-            return
-        cached = aligned
-        if aligned > live.protected:
-            own = self._slots(live.pages[: aligned // p])
-            cached = self.tree.insert(request_key(req)[:aligned], own, hit_from=live.hits_counted)
-        # [protected, cached) duplicates of tree pages | [aligned, end) unaligned tail + unused room
-        duplicates, tail = live.pages[live.protected // p : cached // p], live.pages[aligned // p :]
-        self.pool.free(np.concatenate([duplicates, tail]))
+        computed = req.num_computed_tokens
+        if computed and not self.tree.disable:
+            self._checkpoint(req, live)
+        written = -(-computed // p)
+        self.pool.free(live.pages[live.protected // p : written])
         self.tree.dec_lock_ref(live.last_node)
+        self.pool.free(live.pages[written:])
 
     def _page_table(self, req: Request) -> list[int]:
         return self._live_state[req.request_id].pages.tolist()
@@ -217,7 +266,8 @@ class RadixPrefixCache(PrefixCache):
         return freed
 
     def _reset(self) -> None:
-        self.pool = PagePool(self.config.num_pages, need_sort=True, page_size=self.page_size)  # no request is live: every page returns
+        # no request is live: every page returns
+        self.pool = PagePool(self.config.num_pages, need_sort=self.need_sort, page_size=self.page_size)
         self.tree.reset()
 
     # ------------------------------------------------------------------ accounting
