@@ -7,6 +7,8 @@ Every scenario of ``experiments/upstream/scenarios.py`` is replayed through vLLM
 KVCacheManager (hashchain) and/or SGLang 0.5.23's RadixCache + allocator (radix), and through
 ours via ``make_cache``. Per request it prints whether the hit and the physical page/slot ids
 agree, and per backend the time ratio ours / upstream (cache calls only, best of 5).
+SGLang runs in both allocator modes: ``default`` (need_sort=False, what a plain SGLang server
+uses) and ``needsort`` (need_sort=True, PD disaggregation); ours gets the same ``need_sort``.
 ``--record`` writes the upstream results as JSON fixtures that tests/test_upstream_fixtures.py
 replays without vLLM or SGLang. Build the environment with experiments/upstream/setup_venv.sh;
 without it this prints why and exits 0.
@@ -30,9 +32,18 @@ BACKEND = {"vllm": "hashchain", "sglang": "radix"}
 VERSION = {"vllm": "vllm 0.33.0 vllm/v1/core", "sglang": "sglang 0.5.23 mem_cache/radix_cache.py"}
 NOTES = {
     "vllm": "KVCacheManager, one full-attention group, sha256 block hashes, driven as its scheduler does",
-    "sglang": "RadixCache lru + token_to_kv_pool allocator with need_sort=True (SGLang sets it only "
-    "in PD-disaggregation mode; our PagePool follows it), batches of one request, counter clock",
+    "sglang": "RadixCache lru + token_to_kv_pool allocator (need_sort as in options: False is SGLang's "
+    "default, True its PD-disaggregation mode), batches of one request, counter clock",
 }
+# (mode name, options for both the upstream driver and make_cache); "" = the only mode
+MODES: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "vllm": [("", {})],
+    "sglang": [("default", {"need_sort": False}), ("needsort", {"need_sort": True})],
+}
+
+
+def fixture_name(system: str, mode: str, scenario: str) -> str:
+    return f"{system}_{mode}_{scenario}.json" if mode else f"{system}_{scenario}.json"
 
 
 Records = list[dict[str, Any]]
@@ -67,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", metavar="DIR", help="write upstream results as JSON fixtures into DIR")
     ap.add_argument("--only", help="substring of scenario names to run")
+    ap.add_argument("--mode", help="only this SGLang allocator mode (default or needsort)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every difference")
     args = ap.parse_args(argv)
 
@@ -98,36 +110,46 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and args.only not in sc.name:
             continue
         scj = sc.to_json()
-        for system in sc.systems:
-            if system not in drivers:
+        first_of: dict[str, str] = {}  # system -> its first mode's fixture, which holds the scenario
+        for system, (mode, options) in [(s, m) for s in sc.systems for m in MODES[s]]:
+            if system not in drivers or (args.mode and mode and mode != args.mode):
                 continue
-            up, t_up = best_of(drivers[system], scj)
+            up, t_up = best_of(lambda s, o=options, fn=drivers[system]: fn(s, **o), scj)
             if record_dir:
+                name = fixture_name(system, mode, sc.name)
                 fixture = {"system": system, "upstream": VERSION[system], "backend": BACKEND[system],
-                           "notes": NOTES[system],
-                           "scenario": scj, "records": up}
-                path = record_dir / f"{system}_{sc.name}.json"
-                path.write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
+                           "notes": NOTES[system]}
+                if options:
+                    fixture["options"] = options
+                if system not in first_of:
+                    fixture["scenario"] = scj
+                    first_of[system] = name
+                else:
+                    fixture["scenario_in"] = first_of[system]
+                fixture["records"] = up
+                (record_dir / name).write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
             backend = BACKEND[system]
+            label = f"{system}{'/' + mode if mode else ''}"
+            key = f"{backend}{' ' + mode if mode else ''}"
             if backend not in registered:
-                print(f"{system:6} {sc.name:22} ours: backend {backend!r} not registered yet")
+                print(f"{label:15} {sc.name:22} ours: backend {backend!r} not registered yet")
                 continue
             try:
-                ours, t_ours = best_of(replay_ours, backend, scj)
+                ours, t_ours = best_of(lambda b, s, o=options: replay_ours(b, s, **o), backend, scj)
             except Exception as exc:  # noqa: BLE001 - report, keep comparing the rest
-                print(f"{system:6} {sc.name:22} ours RAISED {type(exc).__name__}: {exc}")
+                print(f"{label:15} {sc.name:22} ours RAISED {type(exc).__name__}: {exc}")
                 continue
-            times[backend][0] += t_ours
-            times[backend][1] += t_up
+            times[key][0] += t_ours
+            times[key][1] += t_up
             reqs = per_request(scj["ops"], ours, up)
             n_hit = sum(h for h, _ in reqs.values())
             n_ids = sum(i for _, i in reqs.values())
-            t = totals[backend]
+            t = totals[key]
             t[0] += len(reqs)
             t[1] += n_hit
             t[2] += n_ids
             bad = [rid for rid, (h, i) in reqs.items() if not (h and i)]
-            print(f"{system:6} {sc.name:22} requests {len(reqs):3}  hits agree {n_hit:3}"
+            print(f"{label:15} {sc.name:22} requests {len(reqs):3}  hits agree {n_hit:3}"
                   f"  ids agree {n_ids:3}"
                   f"  ours/upstream time {t_ours / t_up:6.2f}"
                   + (f"  DIFFER: {', '.join(bad)}" if bad else ""))
@@ -140,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for backend, (n, h, i) in sorted(totals.items()):
         ours_t, up_t = times[backend]
-        print(f"{backend:9} requests {n}: hit lengths agree {h}/{n}, page ids agree {i}/{n}; "
+        print(f"{backend:16} requests {n}: hit lengths agree {h}/{n}, page ids agree {i}/{n}; "
               f"time ours/upstream {ours_t / up_t:.2f} ({ours_t * 1e3:.1f} ms vs {up_t * 1e3:.1f} ms)")
     if record_dir:
         print(f"fixtures written to {record_dir}")
