@@ -7,14 +7,20 @@ which times it), never through a backend's internals, so every policy works on e
 - ``fcfs``: arrival order, preempted requests first (vLLM's default).
 - ``lpm``: longest cached prefix first, with SGLang's in-batch prefix dedup; FCFS when more
   than 128 requests wait (SGLang turns the sort off there because matching is expensive).
-- ``dfs-weight``: depth-first over a token trie of the waiting requests, heavier subtrees
-  first, so requests that share a prefix run back to back (SGLang's ``dfs-weight``; SGLang
-  walks its radix tree, we walk a trie of the waiting requests themselves, which needs no
-  backend internals and orders the same way for requests that hit the same cached node).
+- ``dfs-weight``: SGLang's: each waiting request hangs at the tree node where its cached
+  prefix ends; a depth-first walk from the root, heavier subtrees first, emits a node's own
+  requests after its subtree, so requests with no hit (at the root) come last, in queue
+  order. We rebuild that part of the tree from the cached prefixes (``lookup``), which needs
+  no backend internals and gives the same branching; ties between equally heavy children go
+  to the one whose first request is earlier in the queue (SGLang: tree insertion order).
+
+``dfs_weight_order`` (a DFS over the trie of the requests' whole token sequences) is the
+offline order of SGLang's Theorem 3.1, used by the scheduling study as the optimum.
 """
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar, NamedTuple
@@ -114,7 +120,30 @@ class DFSWeight(Scheduler):
     def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
         if len(waiting) <= 1:
             return Schedule(list(waiting), frozenset())
-        return Schedule(dfs_weight_order(waiting), frozenset())
+        return Schedule(cached_prefix_dfs_order(waiting, [lookup(r) for r in waiting]), frozenset())
+
+
+def cached_prefix_dfs_order(reqs: Sequence[Request], hits: Sequence[int]) -> list[Request]:
+    """SGLang's ``_dfs_weight_order`` over the cached part of the tree (see the module doc)."""
+    keys = {i: (_namespace(reqs[i]), *reqs[i].all_token_ids[: hits[i]]) for i in range(len(reqs)) if hits[i]}
+    out: list[int] = []
+    # ("visit", indices in queue order sharing key[:depth], depth) or ("emit", indices)
+    stack: list[tuple[str, list[int], int]] = [("visit", list(keys), 0)] if keys else []
+    while stack:
+        what, group, depth = stack.pop()
+        if what == "emit":
+            out.extend(group)
+            continue
+        node_len = len(os.path.commonprefix([keys[i] for i in group]))  # the node the group shares
+        own = [i for i in group if len(keys[i]) == node_len]
+        children: dict[object, list[int]] = {}
+        for i in group:
+            if len(keys[i]) > node_len:
+                children.setdefault(keys[i][node_len], []).append(i)
+        stack.append(("emit", own, node_len))
+        for child in sorted(children.values(), key=lambda g: (-len(g), g[0]), reverse=True):
+            stack.append(("visit", child, node_len))  # reversed push: the heaviest pops first
+    return [reqs[i] for i in out] + [r for r, h in zip(reqs, hits, strict=True) if not h]
 
 
 def dfs_weight_order(reqs: Sequence[Request]) -> list[Request]:

@@ -143,6 +143,23 @@ def test_dfs_weight_puts_the_heavier_subtree_first() -> None:
     assert order[:3] == ["x0", "x1", "x2"] and order[3] == "y0"
 
 
+def test_dfs_weight_walks_the_cached_tree_heavier_subtree_first_unmatched_last() -> None:
+    """SGLang's dfs-weight: requests hang where their cached prefix ends; a node's subtree runs
+    before its own requests, and requests with no hit (at the root) come last in queue order."""
+    x, y = tokens(8, seed=1), tokens(8, seed=2)
+    reqs = [
+        Request("new0", tokens(6, seed=3)),
+        Request("y0", y + [0]),
+        Request("x_node", x[:4] + [9, 9]),  # cached only up to x[:4]: the parent of the x group
+        Request("x0", x + [0]),
+        Request("x1", x + [1]),
+        Request("new1", tokens(6, seed=4)),
+    ]
+    hits = {"new0": 0, "new1": 0, "y0": 8, "x_node": 4, "x0": 8, "x1": 8}
+    plan = make_scheduler("dfs-weight").schedule(reqs, lambda r: hits[r.request_id])
+    assert [r.request_id for r in plan.order] == ["x0", "x1", "x_node", "y0", "new0", "new1"]
+
+
 def test_request_that_can_never_fit_is_rejected_not_crashed() -> None:
     cache = make_cache("none", CacheConfig(4 * PAGE, PAGE))
     records = Engine(cache, "fcfs", 64).run(
