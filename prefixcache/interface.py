@@ -133,20 +133,29 @@ class PrefixCache(ABC):
         Raises ValueError if num_new_tokens is not a positive int, if the reservation would
         reach past the request's known tokens, or if the request could never fit in the pool.
         """
-        _check_count("num_new_tokens", num_new_tokens, minimum=1)
-        self._check_request(req)
-        if req.request_id in self._reserved:
-            self._check_fits(req, req.num_computed_tokens + num_new_tokens)
-            ok = self._extend(req, req.num_computed_tokens + num_new_tokens)
-        else:
+        # The checks are inlined: this runs once per request per engine step (decode included).
+        if type(num_new_tokens) is not int or num_new_tokens < 1:
+            _check_count("num_new_tokens", num_new_tokens, minimum=1)
+        entry = self._reserved.get(req.request_id)
+        if entry is None:
+            self._check_request(req)
             ok = self._admit(req, num_new_tokens)
+        else:
+            if entry[0] is not req:
+                self._check_request(req)  # raises: another live request has this id
+            total = req.num_computed_tokens + num_new_tokens
+            if total <= entry[1]:
+                return True  # already room (and, below the reservation, nothing new to cache)
+            self._check_fits(req, total)
+            ok = self._extend(req, total)
         if ok:
-            self._reserved[req.request_id] = (req, max(self.reserved_tokens(req), req.num_computed_tokens + num_new_tokens))
+            self._reserved[req.request_id] = (req, req.num_computed_tokens + num_new_tokens)
         return ok
 
     def commit(self, req: Request) -> None:
         """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it."""
-        reserved = self._live(req, "commit")
+        entry = self._reserved.get(req.request_id)
+        reserved = entry[1] if entry is not None and entry[0] is req else self._live(req, "commit")
         if not 0 <= req.num_computed_tokens <= reserved:
             raise ValueError(
                 f"commit of {req.request_id!r} at num_computed_tokens={req.num_computed_tokens} "
@@ -291,7 +300,9 @@ class PrefixCache(ABC):
         self._check_request(req)
         entry = self._reserved.get(req.request_id)
         if entry is None:
-            raise ValueError(f"{what} of {req.request_id!r}, which is not live (never allocated or already released)")
+            raise ValueError(
+                f"{what} of {req.request_id!r}, which is not live (never allocated or already released)"
+            )
         return entry[1]
 
 
