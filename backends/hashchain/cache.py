@@ -71,6 +71,8 @@ class HashChainCache(PrefixCache):
                 free_order=free_order,
                 unhashed_first=unhashed_first,
             )
+            # Bound per instance so the one-group path keeps the plain check (once per step).
+            self._check_fits = self._check_fits_all_groups  # type: ignore[method-assign]
         self.block_pool = self.manager.block_pool
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
 
@@ -120,7 +122,8 @@ class HashChainCache(PrefixCache):
         self._live(req, "page_tables")
         return [[b.block_id for b in group[req.request_id]] for group, _, _ in self._groups()]
 
-    def _check_fits(self, req: Request, total_tokens: int) -> None:
+    def _check_fits_all_groups(self, req: Request, total_tokens: int) -> None:
+        """``_check_fits`` of a hybrid cache: every group's blocks come from the one pool."""
         super()._check_fits(req, total_tokens)
         manager = self.manager
         if isinstance(manager, HybridKVCacheManager):
