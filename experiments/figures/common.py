@@ -15,6 +15,7 @@ Two ways to drive a cache, both only through the ``PrefixCache`` contract:
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import itertools
 import json
@@ -274,3 +275,16 @@ def save_study(df: pd.DataFrame, out_root: Path, study: str, meta: dict[str, Any
     write_table(df, out_root / study / "summary")
     (out_root / study / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
     print(f"{study}: {len(df)} cells -> {out_root / study}")
+
+
+def study_main(run: Callable[[Path, str, bool, int], Path], scales: Sequence[str], doc: str | None,
+               argv: list[str] | None) -> int:
+    """The command line every study script shares: --scale, --out, --force, --jobs."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--scale", default="default", choices=list(scales))
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args(argv)
+    run(Path(a.out), a.scale, a.force, a.jobs)
+    return 0

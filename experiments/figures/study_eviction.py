@@ -13,12 +13,17 @@ hashchain backend does not accept these options.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefixcache.experiments.figures.common import cell_config, check_scale, run_cells, save_study
+from prefixcache.experiments.figures.common import (
+    cell_config,
+    check_scale,
+    run_cells,
+    save_study,
+    study_main,
+)
 
 from prefixcache import CacheConfig, make_cache
 
@@ -78,14 +83,7 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scale", default="default", choices=list(SCALE))
-    ap.add_argument("--out", default="results")
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--jobs", type=int, default=2)
-    a = ap.parse_args(argv)
-    run(Path(a.out), a.scale, a.force, a.jobs)
-    return 0
+    return study_main(run, SCALE, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ below twice its longest request). Both backends at their native page size: radix
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from prefixcache.experiments.figures.common import (
     make_requests,
     run_cells,
     save_study,
+    study_main,
 )
 
 from prefixcache.scheduler import dfs_weight_order
@@ -122,14 +122,7 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scale", default="default", choices=list(SCALE))
-    ap.add_argument("--out", default="results")
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--jobs", type=int, default=2)
-    a = ap.parse_args(argv)
-    run(Path(a.out), a.scale, a.force, a.jobs)
-    return 0
+    return study_main(run, SCALE, __doc__, argv)
 
 
 if __name__ == "__main__":

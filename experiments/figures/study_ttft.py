@@ -11,7 +11,6 @@ and the no-reuse baseline.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from prefixcache.experiments.figures.common import (
     read_table,
     run_cells,
     save_study,
+    study_main,
 )
 from prefixcache.experiments.metrics import isolated_ttft_s
 
@@ -77,14 +77,7 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scale", default="default", choices=list(SCALE))
-    ap.add_argument("--out", default="results")
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--jobs", type=int, default=2)
-    a = ap.parse_args(argv)
-    run(Path(a.out), a.scale, a.force, a.jobs)
-    return 0
+    return study_main(run, SCALE, __doc__, argv)
 
 
 if __name__ == "__main__":
