@@ -28,6 +28,9 @@ mutants: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.bench
+	$(BIN)/python -m prefixcache.experiments.bench_replay
+	$(BIN)/python -m prefixcache.experiments.bench_hashing
+	$(BIN)/python -m pytest -q -p no:cacheprovider --benchmark-only tests/bench
 
 # Our backends against vLLM's and SGLang's own code (a separate venv; not part of CI).
 upstream: $(STAMP)

@@ -5,18 +5,7 @@ from __future__ import annotations
 
 import pytest
 from prefixcache.backends.radix import RadixKey
-
-SIZES = {"1k": 1 << 10, "32k": 1 << 15, "256k": 1 << 18}
-
-
-def loop_match(a: list[int], b: list[int]) -> int:
-    """The per-token loop SGLang runs for page_size 1."""
-    i = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        i += 1
-    return i
+from prefixcache.experiments.bench_radix_match import SIZES, loop_match
 
 
 def pair(n: int) -> tuple[list[int], list[int]]:
