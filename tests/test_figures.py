@@ -15,6 +15,7 @@ pytest.importorskip("seaborn")
 
 from prefixcache.experiments.figures import reproduce  # noqa: E402
 from prefixcache.experiments.figures.common import cell_name  # noqa: E402
+from prefixcache.experiments.traces import data_dir  # noqa: E402
 
 MAIN_TEX = Path(__file__).resolve().parents[1] / "paper" / "main.tex"
 
@@ -35,6 +36,10 @@ def test_main_tex_includes_generated_files_only() -> None:
 
 
 def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) -> None:
+    try:  # the capacity study replays the real Mooncake traces, read from ../shared/data
+        data_dir()
+    except FileNotFoundError as e:
+        pytest.skip(f"trace data not available: {e}")
     results, paper = tmp_path / "results", tmp_path / "paper"
     argv = ["--scale", "tiny", "--out", str(results), "--paper", str(paper), "--no-pdf", "--skip-bench",
             "--jobs", "1"]
