@@ -134,8 +134,8 @@ def cached_prefix_dfs_order(reqs: Sequence[Request], hits: Sequence[int]) -> lis
         if what == "emit":
             out.extend(group)
             continue
-        node_len = len(os.path.commonprefix([keys[i] for i in group]))  # the node the group shares
-        own = [i for i in group if len(keys[i]) == node_len]
+        node_len = len(os.path.commonprefix([keys[i] for i in group]))  # type: ignore[misc]
+        own = [i for i in group if len(keys[i]) == node_len]  # [:node_len]: the node they share
         children: dict[object, list[int]] = {}
         for i in group:
             if len(keys[i]) > node_len:

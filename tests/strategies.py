@@ -83,6 +83,7 @@ def reference_hits(specs: list[Spec]) -> list[int]:
     min(longest common prefix with an earlier request of the same namespace, n - 1)."""
     hits = []
     for i, s in enumerate(specs):
-        lcp = max((common_prefix(s.tokens, p.tokens) for p in specs[:i] if p.namespace == s.namespace), default=0)
+        earlier = [p.tokens for p in specs[:i] if p.namespace == s.namespace]
+        lcp = max((common_prefix(s.tokens, p) for p in earlier), default=0)
         hits.append(min(lcp, len(s.tokens) - 1))
     return hits

@@ -180,7 +180,14 @@ def test_bad_prompt_is_a_clear_error(prompt: list, message: str) -> None:
 
 @pytest.mark.parametrize(
     "capacity, page, message",
-    [(0, 16, "positive"), (64, 0, "positive"), (-1, 16, "positive"), (16, 16, "page 0 is reserved"), (8, 16, "at least 2"), (64.0, 16, "int")],
+    [
+        (0, 16, "positive"),
+        (64, 0, "positive"),
+        (-1, 16, "positive"),
+        (16, 16, "page 0 is reserved"),
+        (8, 16, "at least 2"),
+        (64.0, 16, "int"),
+    ],
 )
 def test_bad_config_is_a_clear_error(capacity, page, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -72,7 +72,8 @@ class CacheLifecycle(RuleBasedStateMachine):
     @initialize(seed=st.integers(0, 2**16))
     def setup(self, seed: int) -> None:
         self.rng = random.Random(seed)
-        self.cache = make_cache(self.backend, CacheConfig(self.capacity_pages * self.page_size, self.page_size))
+        config = CacheConfig(self.capacity_pages * self.page_size, self.page_size)
+        self.cache = make_cache(self.backend, config)
         self.shadow = ShadowKV(self.page_size)
         self.live_reqs: dict[str, Request] = {}
         self.corpus: list[tuple[int, ...]] = []
@@ -182,7 +183,8 @@ class CacheLifecycle(RuleBasedStateMachine):
 
 
 def machine_for(backend: str, page_size: int) -> type[CacheLifecycle]:
-    return type(f"Lifecycle_{backend}_p{page_size}", (CacheLifecycle,), {"backend": backend, "page_size": page_size})
+    attrs = {"backend": backend, "page_size": page_size}
+    return type(f"Lifecycle_{backend}_p{page_size}", (CacheLifecycle,), attrs)
 
 
 CASES = [(b, p) for b in available_backends() for p in ((1, 4) if b == "radix" else (4,))]

@@ -187,7 +187,7 @@ class BlockHasher:
             # No extra keys: hash_block_tokens(hash_fn, parent, block, None) inlined, one
             # Python call per block (the hash function) instead of three.
             while start + size <= num_tokens:
-                parent = hash_fn((parent, tuple(tokens[start : start + size]), None))
+                parent = hash_fn((parent, tuple(tokens[start : start + size]), None))  # type: ignore[assignment]
                 hashes.append(parent)
                 start += size
             return hashes
