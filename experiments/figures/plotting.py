@@ -28,7 +28,8 @@ def style() -> None:
 def save(fig: plt.Figure, name: str, paper: Path) -> Path:
     out = paper / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / f"{name}.pdf")
+    # No creation date: regenerating the same data gives byte-identical files (no git churn).
+    fig.savefig(out / f"{name}.pdf", metadata={"CreationDate": None})
     fig.savefig(out / f"{name}.png")
     plt.close(fig)
     return out / f"{name}.pdf"
