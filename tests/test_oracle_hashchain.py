@@ -37,6 +37,19 @@ class HashchainMatchesOracle(RuleBasedStateMachine):
             Request(f"r{self.n}", tokens, cache_salt=ns[0], lora_name=ns[1]) for _ in range(2)
         )
 
+    def _allocate_both(self, ours: Request, theirs: Request, start: int, n: int) -> bool:
+        """Room for n tokens after ``start`` in both (never past the pool); on success the
+        model computes them and ours commits. Both must agree on success."""
+        if -(-(start + n) // B) > PAGES - 1:
+            return False
+        ok = self.cache.allocate(ours, n)
+        assert ok == self.oracle.allocate(theirs, n)
+        if ok:
+            for r in (ours, theirs):
+                r.num_computed_tokens += n
+            self.cache.commit(ours)
+        return ok
+
     @rule(share=st.integers(0, 20), suffix=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10),
           ns=st.sampled_from(NAMESPACES), chunk=st.integers(1, 40))
     def admit(self, share: int, suffix: list[int], ns: tuple, chunk: int) -> None:
@@ -46,15 +59,7 @@ class HashchainMatchesOracle(RuleBasedStateMachine):
         ours, theirs = self._pair(tokens, ns)
         hit = self.cache.lookup(ours)
         assert hit == self.oracle.lookup(theirs)
-        n = min(chunk, ours.num_tokens - hit)
-        if -(-(hit + n) // B) > PAGES - 1:
-            return
-        ok = self.cache.allocate(ours, n)
-        assert ok == self.oracle.allocate(theirs, n)
-        if ok:
-            for r in (ours, theirs):
-                r.num_computed_tokens += n
-            self.cache.commit(ours)
+        if self._allocate_both(ours, theirs, hit, min(chunk, ours.num_tokens - hit)):
             self.live[ours.request_id] = (ours, theirs)
 
     @precondition(lambda self: self.live)
@@ -65,15 +70,8 @@ class HashchainMatchesOracle(RuleBasedStateMachine):
             tok = self.rng.randrange(VOCAB)
             ours.append_output_token_ids(tok)
             theirs.append_output_token_ids(tok)
-        n = min(chunk, ours.num_tokens - ours.num_computed_tokens)
-        if -(-(ours.num_computed_tokens + n) // B) > PAGES - 1:
-            return
-        ok = self.cache.allocate(ours, n)
-        assert ok == self.oracle.allocate(theirs, n)
-        if ok:
-            for r in (ours, theirs):
-                r.num_computed_tokens += n
-            self.cache.commit(ours)
+        computed = ours.num_computed_tokens
+        self._allocate_both(ours, theirs, computed, min(chunk, ours.num_tokens - computed))
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
