@@ -166,6 +166,17 @@ def test_decode_extends_one_token_at_a_time(backend: str) -> None:
     cache.release(r)
 
 
+def test_allocate_within_the_reservation_is_a_no_op_that_succeeds(backend: str) -> None:
+    cache = checked(backend, 64 * PAGE, PAGE)
+    r = Request("r", tokens(5 * PAGE))
+    assert cache.allocate(r, r.num_tokens)  # room for every token
+    r.num_computed_tokens = 2 * PAGE
+    cache.commit(r)
+    before = snapshot(cache)
+    assert cache.allocate(r, PAGE)  # the next chunk is already inside the reservation
+    assert snapshot(cache) == before and cache.reserved_tokens(r) == 5 * PAGE
+
+
 # ------------------------------------------------------------------ bad input
 
 
