@@ -13,7 +13,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITES = ["tests/test_properties_equivalence.py", "tests/test_stateful.py", "tests/test_oracle_hashchain.py"]
+SUITES = [
+    "tests/test_properties_equivalence.py",
+    "tests/test_stateful.py",
+    "tests/test_oracle_hashchain.py",
+    "tests/test_hashchain_lookup_memo.py",
+]
 
 # name -> (file, original text, mutated text); every occurrence of the text is mutated
 MUTANTS: dict[str, tuple[str, str, str]] = {
@@ -60,6 +65,16 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "backends/hashchain/hashing.py",
         "if start == 0 and req.cache_salt is not None:",
         "if False:",
+    ),
+    "hashchain: lookup memo kept after a removal": (
+        "backends/hashchain/manager.py",
+        "if memo is not None and memo[0] == hash_map.num_removals:",
+        "if memo is not None:",
+    ),
+    "hashchain: allocation-path evictions not counted as removals": (
+        "backends/hashchain/hash_map.py",
+        "        self.num_removals += evicted\n",
+        "",
     ),
     "radix: salt not in the namespace": (
         "backends/radix/backend.py",

@@ -93,14 +93,19 @@ class BlockPool:
             raise ValueError(f"{num_full_blocks} full blocks but only {len(block_hashes)} block hashes")
         # make_block_hash_with_group_id inlined: one bytes concatenation per block.
         suffix = kv_cache_group_id.to_bytes(4, "big", signed=False)
-        insert = self.cached_block_hash_to_block.insert
+        new_blocks: list[KVCacheBlock] = []
+        keys: list[BlockHashWithGroupId] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:  # sliding-window placeholder: nothing to cache
                 continue
+            if block._block_hash is not None:  # the block_hash setter's check, inlined
+                raise ValueError(f"block {block.block_id} already has a hash; reset_hash() it first")
             key: BlockHashWithGroupId = block_hashes[i] + suffix  # type: ignore[assignment]
-            block.block_hash = key  # raises if the block already has one
-            insert(key, block)
+            block._block_hash = key
+            new_blocks.append(block)
+            keys.append(key)
+        self.cached_block_hash_to_block.insert_many(keys, new_blocks)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` from the head; a popped cached block loses its hash now."""
@@ -109,10 +114,11 @@ class BlockPool:
                 f"cannot get {num_blocks} free blocks from the pool ({self.get_num_free_blocks()} free)"
             )
         blocks = self.free_block_queue.popleft_n(num_blocks)
+        if self.num_cached_free_blocks:  # else no free block carries a hash
+            evicted = self.cached_block_hash_to_block.evict_hashed(blocks)
+            self.num_cached_free_blocks -= evicted
+            self.num_evicted_blocks += evicted
         for block in blocks:
-            if block._block_hash is not None:  # the property, read without a call
-                self.num_cached_free_blocks -= 1
-                self._maybe_evict_cached_block(block)
             block.ref_cnt += 1
         return blocks
 

@@ -102,7 +102,8 @@ class HashChainCache(PrefixCache):
         if num_new_tokens <= 0:
             return True
         ok = self.manager.allocate_slots(req, num_new_tokens) is not None
-        self._sync_evictions()
+        if self.block_pool.num_evicted_blocks != self._evicted_seen:
+            self._sync_evictions()
         return ok
 
     def _commit(self, req: Request) -> None:

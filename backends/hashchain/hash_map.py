@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId
+
+from prefixcache.interface import ensure
 
 
 class BlockHashToBlockMap:
@@ -15,13 +17,17 @@ class BlockHashToBlockMap:
     never rewritten), so two requests that computed the same block both keep theirs.
     """
 
-    __slots__ = ("_cache", "num_duplicated_keys")
+    __slots__ = ("_cache", "num_duplicated_keys", "num_removals")
 
     def __init__(self) -> None:
         self._cache: dict[BlockHashWithGroupId, KVCacheBlock | dict[int, KVCacheBlock]] = {}
         # Keys whose entry is a dict (>= 2 blocks). Ours: lets longest_prefix skip the
         # per-block unwrapping in the common case of no duplicates.
         self.num_duplicated_keys = 0
+        # Ours: grows whenever a block leaves the map. While it stands still, every earlier
+        # lookup result is still valid (inserts only add keys or append duplicates), so a
+        # repeated lookup may resume where the last one stopped.
+        self.num_removals = 0
 
     def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
         """The first inserted block under ``key`` (dicts keep insertion order)."""
@@ -30,14 +36,16 @@ class BlockHashToBlockMap:
             return entry
         return next(iter(entry.values()))
 
-    def longest_prefix(self, keys: Sequence[BlockHashWithGroupId], limit: int) -> list[KVCacheBlock]:
-        """``[get_one_block(k) for k in keys[:limit]]`` up to the first miss, without a Python
-        step per key: dict lookups run in C (``map``) over chunks that double in size, so a
-        miss costs at most as many extra lookups as there were hits (plus the first chunk).
+    def longest_prefix(
+        self, keys: Sequence[BlockHashWithGroupId], limit: int, start: int = 0
+    ) -> list[KVCacheBlock]:
+        """``[get_one_block(k) for k in keys[start:limit]]`` up to the first miss, without a
+        Python step per key: dict lookups run in C (``map``) over chunks that double in size,
+        so a miss costs at most as many extra lookups as there were hits (plus the first chunk).
         """
         get = self._cache.get
         found: list[KVCacheBlock | dict[int, KVCacheBlock] | None] = []
-        start, chunk, end = 0, 16, min(limit, len(keys))
+        chunk, end = 16, min(limit, len(keys))
         while start < end:
             entries = list(map(get, keys[start : min(start + chunk, end)]))
             if None in entries:
@@ -51,17 +59,51 @@ class BlockHashToBlockMap:
         return found  # type: ignore[return-value]
 
     def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
-        entry = self._cache.get(key)
-        if entry is None:
-            self._cache[key] = block
-        elif isinstance(entry, KVCacheBlock):
-            self._cache[key] = {entry.block_id: entry, block.block_id: block}
-            self.num_duplicated_keys += 1
-        else:
-            entry[block.block_id] = block
+        self.insert_many((key,), (block,))
+
+    def insert_many(self, keys: Iterable[BlockHashWithGroupId], blocks: Iterable[KVCacheBlock]) -> None:
+        """``insert(k, b)`` for each pair: one C call per block unless the key is taken."""
+        cache = self._cache
+        setdefault = cache.setdefault
+        for key, block in zip(keys, blocks, strict=True):
+            entry = setdefault(key, block)
+            if entry is block:
+                continue
+            if isinstance(entry, KVCacheBlock):
+                cache[key] = {entry.block_id: entry, block.block_id: block}
+                self.num_duplicated_keys += 1
+            else:
+                entry[block.block_id] = block
 
     def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
         """Remove only block ``block_id`` from ``key``; None if it is not there."""
+        block = self._pop(key, block_id)
+        if block is not None:
+            self.num_removals += 1
+        return block
+
+    def evict_hashed(self, blocks: Iterable[KVCacheBlock]) -> int:
+        """Remove every block of ``blocks`` that carries a hash from the map and forget that
+        hash (``pop`` + ``reset_hash`` per block, inlined for the allocation path); returns how
+        many had one. Raises InvariantError if a hashed block is not in the map."""
+        cache = self._cache
+        evicted = 0
+        for block in blocks:
+            key = block._block_hash
+            if key is None:
+                continue
+            entry = cache.pop(key, None)
+            if entry is not block:  # a duplicated key, or a broken map: the general path
+                if entry is not None:
+                    cache[key] = entry
+                popped = self._pop(key, block.block_id)
+                ensure(popped is block, f"block {block.block_id} has a hash but is not in the map")
+            block._block_hash = None
+            evicted += 1
+        self.num_removals += evicted
+        return evicted
+
+    def _pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
         entry = self._cache.get(key)
         if entry is None:
             return None
@@ -89,5 +131,6 @@ class BlockHashToBlockMap:
         return len(self._cache)
 
     def clear(self) -> None:
+        self.num_removals += sum(1 for _ in self.items())
         self._cache.clear()
         self.num_duplicated_keys = 0

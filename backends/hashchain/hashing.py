@@ -185,11 +185,13 @@ class BlockHasher:
                 hashes.append(parent)
                 start = size
             # No extra keys: hash_block_tokens(hash_fn, parent, block, None) inlined, one
-            # Python call per block (the hash function) instead of three.
-            while start + size <= num_tokens:
-                parent = hash_fn((parent, tuple(tokens[start : start + size]), None))  # type: ignore[assignment]
+            # Python call per block (the hash function) instead of three; zip cuts the new
+            # full blocks into token tuples in C.
+            end = start + (num_tokens - start) // size * size
+            it = iter(tokens[start:end])
+            for block in zip(*[it] * size, strict=True):  # end - start is a multiple of size
+                parent = hash_fn((parent, block, None))  # type: ignore[assignment]
                 hashes.append(parent)
-                start += size
             return hashes
         while start + size <= num_tokens:
             extra = generate_block_hash_extra_keys(req, start, start + size)

@@ -53,12 +53,23 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         max_num_blocks = (request.num_tokens - 1) // self.block_size
+        keys = self.hasher.block_keys(request, KV_CACHE_GROUP_ID)
+        hash_map = self.block_pool.cached_block_hash_to_block
         # Left to right, stop at the first miss (chained hashes: every later block misses
         # too); get_cached_block per block, with the group-0 keys built once per request.
-        computed = self.block_pool.cached_block_hash_to_block.longest_prefix(
-            self.hasher.block_keys(request, KV_CACHE_GROUP_ID), max_num_blocks
-        )
-        return computed, len(computed) * self.block_size
+        # A waiting request is looked up every step it waits (and again when admitted): if
+        # no block has left the map since its last lookup, that result still holds and the
+        # walk resumes where it stopped. Exact, and the same blocks vLLM's walk returns.
+        memo: tuple[int, list[KVCacheBlock]] | None = request.memo.get(self)  # type: ignore[assignment]
+        if memo is not None and memo[0] == hash_map.num_removals:
+            known = memo[1]
+            if len(known) >= max_num_blocks:
+                return known[:max_num_blocks], max_num_blocks * self.block_size
+            computed = known + hash_map.longest_prefix(keys, max_num_blocks, len(known))
+        else:
+            computed = hash_map.longest_prefix(keys, max_num_blocks)
+        request.memo[self] = (hash_map.num_removals, computed)
+        return computed[:], len(computed) * self.block_size
 
     # ---------------------------------------------------------------- write path
     def allocate_slots(
@@ -109,7 +120,10 @@ class KVCacheManager:
             self.req_to_blocks[request_id] = [*hit_blocks, *new_blocks]
         if self.enable_caching:
             # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token).
-            self.cache_blocks(request, min(num_tokens_need_slot, request.num_tokens))
+            # cache_blocks' early return inlined: most decode steps fill no block.
+            num_tokens = min(num_tokens_need_slot, len(request.all_token_ids))
+            if num_tokens // self.block_size > self.num_cached_block[request_id]:
+                self.cache_blocks(request, num_tokens)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
