@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         for system, (mode, options) in [(s, m) for s in sc.systems for m in MODES[s]]:
             if system not in drivers or (args.mode and mode and mode != args.mode):
                 continue
-            up, t_up = best_of(lambda s, o=options, fn=drivers[system]: fn(s, **o), scj)
-            if record_dir:
+            repeat = 2 if sc.large else 5
+            up, t_up = best_of(lambda s, o=options, fn=drivers[system]: fn(s, **o), scj, repeat=repeat)
+            if record_dir and not sc.large:
                 name = fixture_name(system, mode, sc.name)
                 fixture = {"system": system, "upstream": VERSION[system], "backend": BACKEND[system],
                            "notes": NOTES[system]}
@@ -130,12 +131,13 @@ def main(argv: list[str] | None = None) -> int:
                 (record_dir / name).write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
             backend = BACKEND[system]
             label = f"{system}{'/' + mode if mode else ''}"
-            key = f"{backend}{' ' + mode if mode else ''}"
+            key = f"{backend}{' ' + mode if mode else ''}{' (trace)' if sc.large else ''}"
             if backend not in registered:
                 print(f"{label:15} {sc.name:22} ours: backend {backend!r} not registered yet")
                 continue
             try:
-                ours, t_ours = best_of(lambda b, s, o=options: replay_ours(b, s, **o), backend, scj)
+                ours, t_ours = best_of(lambda b, s, o=options: replay_ours(b, s, **o), backend, scj,
+                                       repeat=repeat)
             except Exception as exc:  # noqa: BLE001 - report, keep comparing the rest
                 print(f"{label:15} {sc.name:22} ours RAISED {type(exc).__name__}: {exc}")
                 continue

@@ -30,6 +30,9 @@ class Scenario:
     page_size: int
     ops: list[Op] = field(default_factory=list)
     systems: tuple[str, ...] = ("vllm", "sglang")  # which upstream systems it is replayed on
+    # Large: for timing and agreement only; never written as a fixture, and the replayers
+    # skip their per-op whole-pool records (usage, free queue).
+    large: bool = False
 
     # ------------------------------------------------------------ builders
     def new(self, rid: str, prompt: list[int], salt: str | None = None) -> Scenario:
@@ -72,7 +75,7 @@ class Scenario:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "capacity_tokens": self.capacity_tokens,
-                "page_size": self.page_size,
+                "page_size": self.page_size, "large": self.large,
                 "ops": [{k: v for k, v in op.items() if v is not None} for op in self.ops]}
 
 
@@ -199,7 +202,26 @@ def seeded(page_size: int, seed: int, num_requests: int = 16) -> Scenario:
     return s
 
 
-def all_scenarios() -> list[Scenario]:
+def mooncake(page_size: int, num_requests: int = 200, max_output: int = 16,
+             capacity_tokens: int = 1 << 19) -> Scenario | None:
+    """The first ``num_requests`` requests of the Mooncake conversation trace, one after
+    another, each decoding up to ``max_output`` tokens, in a pool that must evict: real
+    prompts (about 13k tokens each) for timing the upstream code. None without the trace."""
+    from prefixcache.experiments.traces import iter_requests, read_mooncake
+
+    try:
+        records = read_mooncake("mooncake_conversation_trace.jsonl")
+    except FileNotFoundError:
+        return None
+    s = Scenario(f"mooncake_conversation{num_requests}_p{page_size}", capacity_tokens, page_size, large=True)
+    for i, req in enumerate(iter_requests(records, limit=num_requests)):
+        out = _toks(min(req.max_new_tokens, max_output), 90_000 + i, vocab=32_000)
+        s.whole(req.request_id, [int(t) for t in req.prompt_token_ids], out=out)
+    return s
+
+
+def all_scenarios(large: bool = True) -> list[Scenario]:
+    """The scripted and seeded scenarios, then (``large``, trace present) the trace ones."""
     out: list[Scenario] = []
     for sc in scripted(4):
         out.append(sc)
@@ -218,4 +240,6 @@ def all_scenarios() -> list[Scenario]:
     ev.whole("x0", _toks(12, 200)).whole("x1", _toks(12, 201)).whole("x2", _toks(12, 200)[:6] + [1, 2, 3])
     ev.evict(5).whole("x3", _toks(12, 201)).evict(100).whole("x4", _toks(12, 200))
     out.append(ev)
+    if large:
+        out += [sc for sc in (mooncake(16),) if sc is not None]
     return out

@@ -73,12 +73,24 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
     else:
         alloc = PagedTokenToKVPoolAllocator(size, ps, torch.float16, "cpu", None, need_sort)
         alloc.use_triton_kernels = False
-    rtt = _ReqToTokenPool(64, 4096)
+    # One row per live request, reused after release as SGLang's ReqToTokenPool does.
+    length: dict[str, int] = {}
+    live_now = max_live = 0
+    for op in scenario["ops"]:
+        if op["op"] == "new":
+            length[op["rid"]] = len(op["prompt"])
+            live_now += 1
+            max_live = max(max_live, live_now)
+        elif op["op"] == "append":
+            length[op["rid"]] += len(op["tokens"])
+        elif op["op"] == "release":
+            live_now -= 1
+    rtt = _ReqToTokenPool(max(max_live, 1), max([4096, *length.values()]) + ps)
+    free_rows = list(range(max(max_live, 1)))[::-1]
     tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=rtt,
                                       token_to_kv_pool_allocator=alloc, page_size=ps))
     reqs: dict[str, _Req] = {}
     live: set[str] = set()
-    next_row = [0]
     records: list[dict[str, Any]] = []
     spent = 0.0
 
@@ -128,8 +140,8 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
         rec: dict[str, Any] = {}
         t0 = time.perf_counter()
         if kind == "new":
-            reqs[op["rid"]] = _Req(op["rid"], op["prompt"], op.get("salt"), next_row[0])
-            next_row[0] += 1
+            reqs[op["rid"]] = _Req(op["rid"], op["prompt"], op.get("salt"), free_rows.pop())
+            spent += time.perf_counter() - t0
         elif kind == "alloc":
             r = reqs[op["rid"]]
             if op["rid"] not in live:
@@ -161,23 +173,28 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
                 decode = bool(r.output_ids) and r.computed >= len(r.origin_input_ids)
                 r.decoding = decode
                 rec["ok"] = grow(r, need, decode=decode) if need > 0 else True
+            spent += time.perf_counter() - t0  # what follows only records
             rec["pages"] = pages(r) if rec["ok"] else None
         elif kind == "run":
             r = reqs[op["rid"]]
             r.computed = r.allocated
             if not r.decoding:  # SGLang checkpoints after an extend, not after a decode step
                 tree.checkpoint(r, up_to=r.computed)
+            spent += time.perf_counter() - t0
             rec["pages"] = pages(r)
         elif kind == "append":
             reqs[op["rid"]].output_ids.extend(op["tokens"])
+            spent += time.perf_counter() - t0
         elif kind == "release":
             release(reqs[op["rid"]])
             live.discard(op["rid"])
+            free_rows.append(reqs[op["rid"]].kv.req_pool_idx)
+            spent += time.perf_counter() - t0
         elif kind == "evict":
             rec["freed"] = tree.evict(EvictParams(num_tokens=op["n"])).num_tokens_evicted
+            spent += time.perf_counter() - t0
         else:
             raise ValueError(f"unknown op {kind!r}")
-        spent += time.perf_counter() - t0
         free_pages = alloc.available_size() // ps
         evictable = tree.evictable_size() // ps
         rec["usage"] = [free_pages, evictable, size // ps - free_pages - evictable]
