@@ -8,7 +8,15 @@ Measures, on this machine and in one run (so ratios are comparable):
   every admission evicts): cost must stay flat as the cache grows 1000x;
 * ``evict`` of one request's worth of tokens from a full cache.
 
-Writes ``results/bench/ops.csv`` (tidy: op, backend, variable, value, seconds) and
+Wall time mixes two things as the cache grows: the work an operation does (what an O(cache
+size) path would grow) and what each memory access costs (a million-page index no longer fits
+in the CPU caches). So beside seconds, each cache-size point records ``calls``: the Python and
+C function calls of one operation, counted with ``sys.setprofile``, deterministic and equal at
+every size when no path grows with the cache. A control, ``dict-control``, times the bare data
+structure work (pop 16 old keys from a dict of N 36-byte keys, insert 16 new ones) at the same
+sizes: its growth is the memory hierarchy's alone.
+
+Writes ``results/bench/ops.csv`` (tidy: op, backend, variable, value, seconds, calls) and
 ``results/bench/summary.json`` (exponents and flatness ratios), which the paper's cost figure
 reads, and prints one line per measurement plus a summary.
 """
@@ -19,7 +27,9 @@ import argparse
 import itertools
 import json
 import math
+import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -55,6 +65,23 @@ def best_of(op: Callable[[Request], Any], make: Callable[[], Request], repeat: i
     return best
 
 
+def count_calls(op: Callable[[], Any]) -> int:
+    """Python and C function calls made by ``op()``: the work, independent of memory speed."""
+    calls = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event == "call" or event == "c_call":
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        op()
+    finally:
+        sys.setprofile(None)
+    return calls - 1  # setprofile(None) itself is reported as a c_call
+
+
 def random_tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(32_000) for _ in range(n)]
 
@@ -80,8 +107,8 @@ def requests_of(tokens: Callable[[], list[int]]) -> Callable[[], Request]:
     return lambda: Request(f"bench{next(ids)}", tokens())
 
 
-def row(op: str, label: str, variable: str, value: int, seconds: float) -> dict:
-    return dict(op=op, backend=label, variable=variable, value=value, seconds=seconds)
+def row(op: str, label: str, variable: str, value: int, seconds: float, calls: int | None = None) -> dict:
+    return dict(op=op, backend=label, variable=variable, value=value, seconds=seconds, calls=calls)
 
 
 def bench_prompt_length(label: str, name: str, page: int, opts: dict, lengths: list[int],
@@ -126,10 +153,45 @@ def bench_cache_size(label: str, name: str, page: int, opts: dict, sizes: list[i
             t0 = time.perf_counter()
             cache.evict(request_tokens)
             best["evict", pages] = min(best["evict", pages], time.perf_counter() - t0)
+    calls = {}
+    for pages, cache in caches.items():
+        req = new_request()
+        calls["cycle_evicting", pages] = count_calls(partial(cycle, cache, req))
+        cycle(cache, new_request())
+        calls["evict", pages] = count_calls(partial(cache.evict, request_tokens))
     rows = []
     for (op, pages), t in best.items():
-        rows.append(row(op, label, "cache_pages", pages, t))
-        print(f"{label:18s} {op:14s} pages={pages:8d}  {t * 1e3:9.3f} ms per 256-token request")
+        rows.append(row(op, label, "cache_pages", pages, t, calls[op, pages]))
+        print(f"{label:18s} {op:14s} pages={pages:8d}  {t * 1e3:9.3f} ms per 256-token request  "
+              f"{calls[op, pages]:6d} calls")
+    return rows
+
+
+def bench_dict_control(sizes: list[int], repeat: int) -> list[dict]:
+    """The memory hierarchy alone: pop the 16 oldest of N keys (36 random bytes each, as a
+    SHA-256 block key) from a dict and insert 16 new ones, round-robin over the sizes."""
+    per_op = 16
+    tables = {}
+    for n in sizes:
+        keys = [os.urandom(36) for _ in range(n)]
+        tables[n] = (dict.fromkeys(keys, 0), keys)
+    best = dict.fromkeys(sizes, math.inf)
+    for _ in range(repeat):
+        for n, (table, keys) in tables.items():
+            fresh = [os.urandom(36) for _ in range(per_op)]
+            old = keys[:per_op]
+            t0 = time.perf_counter()
+            for k in old:
+                del table[k]
+            for k in fresh:
+                table[k] = 0
+            best[n] = min(best[n], time.perf_counter() - t0)
+            del keys[:per_op]
+            keys += fresh
+    rows = [row("pop_insert_16", "dict-control", "cache_pages", n, t) for n, t in best.items()]
+    for r in rows:
+        print(f"{'dict-control':18s} {'pop_insert_16':14s} pages={r['value']:8d}  "
+              f"{r['seconds'] * 1e3:9.3f} ms")
     return rows
 
 
@@ -147,36 +209,48 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/bench", help="output folder")
     ap.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
     ap.add_argument("--repeat", type=int, default=5, help="rounds (cache-size rounds: 8x this)")
+    ap.add_argument("--only", nargs="*", default=None, help="variant labels to run")
     args = ap.parse_args(argv)
     lengths = QUICK_PROMPT_LENGTHS if args.quick else PROMPT_LENGTHS
     sizes = QUICK_CACHE_PAGES if args.quick else CACHE_PAGES
-    variants = [v for v in VARIANTS if v[1] in available_backends()]
+    variants = [v for v in VARIANTS
+                if v[1] in available_backends() and (args.only is None or v[0] in args.only)]
     rows: list[dict] = []
     for label, name, page, opts in variants:
         rows += bench_prompt_length(label, name, page, opts, lengths, args.repeat)
         rows += bench_cache_size(label, name, page, opts, sizes, 8 * args.repeat)
-    summary: dict[str, dict[str, float]] = {}
+    rows += bench_dict_control(sizes, 8 * args.repeat)
+
+    def max_over_min(op: str, label: str, column: str) -> float:
+        values = [r[column] for r in rows if r["op"] == op and r["backend"] == label]
+        return max(values) / min(values)
+
+    control = max_over_min("pop_insert_16", "dict-control", "seconds")
+    summary: dict[str, dict[str, float]] = {"dict-control": {"pop_insert_16_max_over_min": control}}
     for label, *_ in variants:
-        flat = {}
-        for op in ("cycle_evicting", "evict"):
-            times = [r["seconds"] for r in rows if r["op"] == op and r["backend"] == label]
-            flat[op] = max(times) / min(times)
         summary[label] = {
             "lookup_exponent": exponent(rows, "lookup_hit", label),
             "cycle_exponent": exponent(rows, "cycle_miss", label),
-            "cycle_evicting_max_over_min": flat["cycle_evicting"],
-            "evict_max_over_min": flat["evict"],
+            "cycle_evicting_max_over_min": max_over_min("cycle_evicting", label, "seconds"),
+            "evict_max_over_min": max_over_min("evict", label, "seconds"),
+            "cycle_evicting_calls_max_over_min": max_over_min("cycle_evicting", label, "calls"),
+            "evict_calls_max_over_min": max_over_min("evict", label, "calls"),
         }
         s = summary[label]
         print(f"{label:18s} growth exponent vs prompt length: lookup {s['lookup_exponent']:.2f}, "
-              f"cycle {s['cycle_exponent']:.2f}; cost max/min over cache sizes: "
-              f"cycle {flat['cycle_evicting']:.2f}, evict {flat['evict']:.2f}")
+              f"cycle {s['cycle_exponent']:.2f}; max/min over cache sizes: "
+              f"cycle {s['cycle_evicting_max_over_min']:.2f} (calls "
+              f"{s['cycle_evicting_calls_max_over_min']:.2f}), evict {s['evict_max_over_min']:.2f} "
+              f"(calls {s['evict_calls_max_over_min']:.2f})")
+    print(f"{'dict-control':18s} max/min over cache sizes: "
+          f"{summary['dict-control']['pop_insert_16_max_over_min']:.2f} (the memory hierarchy alone)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "ops.csv", "w") as f:
-        f.write("op,backend,variable,value,seconds\n")
+        f.write("op,backend,variable,value,seconds,calls\n")
         for r in rows:
-            f.write(f"{r['op']},{r['backend']},{r['variable']},{r['value']},{r['seconds']:.9f}\n")
+            calls = "" if r["calls"] is None else r["calls"]
+            f.write(f"{r['op']},{r['backend']},{r['variable']},{r['value']},{r['seconds']:.9f},{calls}\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"wrote {out / 'ops.csv'} and {out / 'summary.json'}")
     return 0
