@@ -18,6 +18,7 @@ SUITES = [
     "tests/test_stateful.py",
     "tests/test_oracle_hashchain.py",
     "tests/test_hashchain_lookup_memo.py",
+    "tests/test_scaling.py",
 ]
 
 # name -> (file, original text, mutated text); every occurrence of the text is mutated
@@ -75,6 +76,17 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "backends/hashchain/hash_map.py",
         "        self.num_removals += evicted\n",
         "",
+    ),
+    "radix: every node collected before each evict (O(cache size), as SGLang's leaf scan)": (
+        "backends/radix/cache.py",
+        "        evicted = 0\n        while evicted < num_tokens and self._leaves:",
+        "        evicted = 0\n        self.iter_nodes()\n        while evicted < num_tokens and self._leaves:",
+    ),
+    "hashchain: the free queue walked on every allocation (O(cache size))": (
+        "backends/hashchain/block_pool.py",
+        "        blocks = self.free_block_queue.popleft_n(num_blocks)\n",
+        "        self.free_block_queue.get_all_free_blocks()\n"
+        "        blocks = self.free_block_queue.popleft_n(num_blocks)\n",
     ),
     "radix: salt not in the namespace": (
         "backends/radix/backend.py",
