@@ -278,6 +278,7 @@ class Engine:
         # The loops below run once per scheduled request per step (every decode token): plain
         # locals and the per-request record fetched once, no helper calls but the cache's.
         records, in_prefill, commit = self.records, self._in_prefill, self.cache.commit
+        simulated = self._simulated
         now_ns = time.perf_counter_ns
         prefill = decode = 0
         for req, n in scheduled:
@@ -304,7 +305,14 @@ class Engine:
             rec = records[req.request_id]
             num_output = num_tokens - req.num_prompt_tokens
             if num_output < req.max_new_tokens:
-                token = next_tokens[idx] if next_tokens is not None else self._simulated_token(req)
+                if next_tokens is not None:
+                    token = next_tokens[idx]
+                else:  # the request's simulated tokens, made on its first decode step
+                    planned = simulated.get(req.request_id)
+                    if planned is not None and num_output < len(planned):
+                        token = planned[num_output]
+                    else:
+                        token = self._simulated_token(req)
                 req.append_output_token_ids(token)
                 num_output += 1
                 rec.output_tokens = num_output
@@ -365,6 +373,8 @@ class Engine:
         planned = req.memo.get(PLANNED_OUTPUT)
         k = req.num_output_tokens
         if isinstance(planned, (list, tuple)) and k < len(planned):
+            # Kept for the next steps (ints only: the fast path in _execute reads it as is).
+            self._simulated[req.request_id] = [int(t) for t in planned]
             return int(planned[k])
         # All of a request's tokens at once, on its first decode step (dropped at finish).
         tokens = self._simulated.get(req.request_id)
