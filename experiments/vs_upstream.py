@@ -17,6 +17,7 @@ without it this prints why and exits 0.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from collections import defaultdict
@@ -29,6 +30,7 @@ from prefixcache.experiments.upstream.scenarios import all_scenarios
 from prefixcache import available_backends
 
 BACKEND = {"vllm": "hashchain", "sglang": "radix"}
+OUT = Path(__file__).resolve().parents[1] / "results" / "bench" / "upstream.csv"
 VERSION = {"vllm": "vllm 0.33.0 vllm/v1/core", "sglang": "sglang 0.5.23 mem_cache/radix_cache.py"}
 NOTES = {
     "vllm": "KVCacheManager, one full-attention group, sha256 block hashes, driven as its scheduler does",
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="substring of scenario names to run")
     ap.add_argument("--mode", help="only this SGLang allocator mode (default or needsort)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every difference")
+    ap.add_argument("--out", type=Path, default=OUT, help="CSV of the totals (the paper reads it)")
     args = ap.parse_args(argv)
 
     from prefixcache.experiments.upstream import shim
@@ -162,10 +165,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"        ... {len(diffs) - 3} more (-v)")
 
     print()
+    rows = []
     for backend, (n, h, i) in sorted(totals.items()):
         ours_t, up_t = times[backend]
         print(f"{backend:16} requests {n}: hit lengths agree {h}/{n}, page ids agree {i}/{n}; "
               f"time ours/upstream {ours_t / up_t:.2f} ({ours_t * 1e3:.1f} ms vs {up_t * 1e3:.1f} ms)")
+        rows.append({"backend": backend, "requests": n, "hits_agree": h, "ids_agree": i,
+                     "ours_s": ours_t, "upstream_s": up_t, "ours_over_upstream": ours_t / up_t})
+    if rows and not (args.only or args.mode):  # only a full comparison stands for the paper
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {args.out}")
     if record_dir:
         print(f"fixtures written to {record_dir}")
     return 0
