@@ -6,7 +6,8 @@
 Every scenario of ``experiments/upstream/scenarios.py`` is replayed through vLLM 0.33.0's
 KVCacheManager (hashchain) and/or SGLang 0.5.23's RadixCache + allocator (radix), and through
 ours via ``make_cache``. Per request it prints whether the hit and the physical page/slot ids
-agree, and per backend the time ratio ours / upstream (cache calls only, best of 5).
+agree, and per backend the time ratio ours / upstream (cache calls only, the best of 5 runs
+of each side, run alternately).
 SGLang runs in both allocator modes: ``default`` (need_sort=False, what a plain SGLang server
 uses) and ``needsort`` (need_sort=True, PD disaggregation); ours gets the same ``need_sort``.
 ``--record`` writes the upstream results as JSON fixtures that tests/test_upstream_fixtures.py
@@ -21,6 +22,7 @@ import csv
 import json
 import sys
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from prefixcache.experiments.upstream.scenarios import all_scenarios
 from prefixcache import available_backends
 
 BACKEND = {"vllm": "hashchain", "sglang": "radix"}
+REPEAT = 5  # runs of each side, alternating; the best time of each is kept
 OUT = Path(__file__).resolve().parents[1] / "results" / "bench" / "upstream.csv"
 VERSION = {"vllm": "vllm 0.33.0 vllm/v1/core", "sglang": "sglang 0.5.23 mem_cache/radix_cache.py"}
 NOTES = {
@@ -66,14 +69,6 @@ def per_request(ops: Records, ours: Records, up: Records) -> dict[str, tuple[boo
             out[rid][0] = out[rid][1] = False
         out[rid]  # noqa: B018 - make every request appear
     return {k: (v[0], v[1]) for k, v in out.items()}
-
-
-def best_of(fn, *args, repeat: int = 5) -> tuple[Any, float]:  # type: ignore[no-untyped-def]
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        result, t = fn(*args)
-        best = min(best, t)
-    return result, best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         for system, (mode, options) in [(s, m) for s in sc.systems for m in MODES[s]]:
             if system not in drivers or (args.mode and mode and mode != args.mode):
                 continue
-            repeat = 2 if sc.large else 5
-            up, t_up = best_of(lambda s, o=options, fn=drivers[system]: fn(s, **o), scj, repeat=repeat)
+            run_up = partial(drivers[system], scj, **options)
+            up, t_up = run_up()
             if record_dir and not sc.large:
                 name = fixture_name(system, mode, sc.name)
                 fixture = {"system": system, "upstream": VERSION[system], "backend": BACKEND[system],
@@ -138,12 +133,15 @@ def main(argv: list[str] | None = None) -> int:
             if backend not in registered:
                 print(f"{label:15} {sc.name:22} ours: backend {backend!r} not registered yet")
                 continue
+            run_ours = partial(replay_ours, backend, scj, **options)
             try:
-                ours, t_ours = best_of(lambda b, s, o=options: replay_ours(b, s, **o), backend, scj,
-                                       repeat=repeat)
+                ours, t_ours = run_ours()
             except Exception as exc:  # noqa: BLE001 - report, keep comparing the rest
                 print(f"{label:15} {sc.name:22} ours RAISED {type(exc).__name__}: {exc}")
                 continue
+            for _ in range(REPEAT - 1):  # alternating, so a slow spell of the machine hits both
+                t_up = min(t_up, run_up()[1])
+                t_ours = min(t_ours, run_ours()[1])
             times[key][0] += t_ours
             times[key][1] += t_up
             reqs = per_request(scj["ops"], ours, up)
