@@ -80,7 +80,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     "radix: every node collected before each evict (O(cache size), as SGLang's leaf scan)": (
         "backends/radix/cache.py",
         "        evicted = 0\n        while evicted < num_tokens and self._leaves:",
-        "        evicted = 0\n        self.iter_nodes()\n        while evicted < num_tokens and self._leaves:",
+        "        evicted = 0\n        self.iter_nodes()\n"
+        "        while evicted < num_tokens and self._leaves:",
     ),
     "hashchain: the free queue walked on every allocation (O(cache size))": (
         "backends/hashchain/block_pool.py",

@@ -26,7 +26,9 @@ VARIANTS = [("hashchain", 16, {}), ("hashchain", 16, {"hash_fn": "xxhash"}), ("r
             ("radix", 16, {})]
 
 
-def mean_calls(backend: str, page: int, options: dict[str, Any], pages: int, rounds: int = 8) -> tuple[float, float]:
+def mean_calls(
+    backend: str, page: int, options: dict[str, Any], pages: int, rounds: int = 8
+) -> tuple[float, float]:
     """Mean calls of an evicting admission and of evict(one request) in a full pool."""
     rng = random.Random(7)
     cache = make_cache(backend, CacheConfig(pages * page, page), **options)

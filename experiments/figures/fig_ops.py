@@ -30,9 +30,10 @@ def make(results: Path, paper: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(7.0, 2.5), gridspec_kw={"width_ratios": [1.1, 1.1, 0.8]})
     by_len = df[df["variable"] == "prompt_tokens"].copy()
     by_len["ns_per_token"] = by_len["seconds"] / by_len["value"] * 1e9
+    colors = {label: f"C{i}" for i, label in enumerate(NAMES)}  # one colour per backend
     for (label, op), g in by_len.groupby(["backend", "op"]):
         axes[0].plot(g["value"], g["ns_per_token"], "o-" if op == "lookup_hit" else "x--", ms=3, lw=1,
-                     label=f"{label} {op.split('_')[0]}")
+                     color=colors.get(label), label=f"{label} {op.split('_')[0]}")
     axes[0].set_xscale("log", base=2)
     axes[0].set_yscale("log")
     axes[0].set_xlabel("prompt length (tokens)")
@@ -48,9 +49,9 @@ def make(results: Path, paper: Path) -> list[Path]:
         if label == "dict-control":
             ax.plot(g["value"], rel, "k:", lw=1.2, label="bare dict (memory only)")
         elif op == "cycle_evicting":
-            ax.plot(g["value"], rel, "o-", ms=3, lw=1, label=f"{label} admit")
+            ax.plot(g["value"], rel, "o-", ms=3, lw=1, color=colors.get(label), label=f"{label} admit")
         else:
-            ax.plot(g["value"], rel, "x--", ms=3, lw=0.8, label=f"{label} evict")
+            ax.plot(g["value"], rel, "x--", ms=3, lw=0.8, color=colors.get(label), label=f"{label} evict")
     ax.set_xscale("log")
     ax.set_xlabel("cache size (pages), full of evictable entries")
     ax.set_ylabel("time / time at the smallest size")
