@@ -133,10 +133,13 @@ class LookupMemoMachine(RuleBasedStateMachine):
             self.waiting.remove(req)
             self.running.append(req)
 
-    @precondition(lambda self: self.running)
+    @precondition(lambda self: any(r.num_output_tokens < r.max_new_tokens for r in self.running))
     @rule(i=st.integers(0, 7), token=st.integers(0, 2))
     def decode(self, i: int, token: int) -> None:
-        req = self.running[i % len(self.running)]
+        """One token for a request with room left under max_new_tokens (the longest request,
+        6 blocks of prompt + 8 outputs, then still fits the pool)."""
+        decoding = [r for r in self.running if r.num_output_tokens < r.max_new_tokens]
+        req = decoding[i % len(decoding)]
         req.append_output_token_ids(token)
         if self.cache.allocate(req, 1):
             req.num_computed_tokens += 1
