@@ -95,36 +95,46 @@ class KVCacheManager:
         # [num_computed_tokens, num_tokens_need)   to be computed now: needs slots
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens
-        num_required = -(-num_tokens_need_slot // self.block_size)
-        pool = self.block_pool
-        held = self.req_to_blocks.get(request_id)
-        if held is not None:
+        if request_id in self.req_to_blocks:
             # Running: no hit, so only new blocks (none at most decode steps) need room.
-            num_new_blocks = num_required - len(held)
-            new_blocks: list[KVCacheBlock] = []
-            if num_new_blocks > 0:
-                if num_new_blocks > pool.free_block_queue.num_free_blocks:
-                    return None
-                new_blocks = pool.get_new_blocks(num_new_blocks)
-                held.extend(new_blocks)
-        else:
-            num_new_blocks = max(num_required - len(hit_blocks), 0)
-            # A hit block nobody references sits in the free queue: touching it takes a free
-            # slot. (Full-attention hits hold no null block.)
-            num_evictable_hits = list(map(_ref_cnt, hit_blocks)).count(0)
-            if num_new_blocks + num_evictable_hits > pool.free_block_queue.num_free_blocks:
-                return None
-            pool.touch(hit_blocks)
-            self.num_cached_block[request_id] = len(hit_blocks)
-            new_blocks = pool.get_new_blocks(num_new_blocks)
-            self.req_to_blocks[request_id] = [*hit_blocks, *new_blocks]
+            return self.extend_running(request, num_tokens_need_slot)
+        pool = self.block_pool
+        num_new_blocks = max(-(-num_tokens_need_slot // self.block_size) - len(hit_blocks), 0)
+        # A hit block nobody references sits in the free queue: touching it takes a free
+        # slot. (Full-attention hits hold no null block.)
+        num_evictable_hits = list(map(_ref_cnt, hit_blocks)).count(0)
+        if num_new_blocks + num_evictable_hits > pool.free_block_queue.num_free_blocks:
+            return None
+        pool.touch(hit_blocks)
+        self.num_cached_block[request_id] = len(hit_blocks)
+        new_blocks = pool.get_new_blocks(num_new_blocks)
+        self.req_to_blocks[request_id] = [*hit_blocks, *new_blocks]
         if self.enable_caching:
-            # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token).
-            # cache_blocks' early return inlined: most decode steps fill no block.
-            num_tokens = min(num_tokens_need_slot, len(request.all_token_ids))
-            if num_tokens // self.block_size > self.num_cached_block[request_id]:
-                self.cache_blocks(request, num_tokens)
+            self._cache_new_full_blocks(request, num_tokens_need_slot)
         return new_blocks
+
+    def extend_running(self, request: Request, num_tokens_need_slot: int) -> list[KVCacheBlock] | None:
+        """The running-request half of ``allocate_slots`` (no hit), called directly by every
+        decode step: room for the first ``num_tokens_need_slot`` tokens; the new blocks, or
+        None (nothing changed) when the pool is short."""
+        held = self.req_to_blocks[request.request_id]
+        num_new_blocks = -(-num_tokens_need_slot // self.block_size) - len(held)
+        new_blocks: list[KVCacheBlock] = []
+        if num_new_blocks > 0:
+            if num_new_blocks > self.block_pool.free_block_queue.num_free_blocks:
+                return None
+            new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+            held.extend(new_blocks)
+        if self.enable_caching:
+            self._cache_new_full_blocks(request, num_tokens_need_slot)
+        return new_blocks
+
+    def _cache_new_full_blocks(self, request: Request, num_tokens_need_slot: int) -> None:
+        # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token);
+        # cache_blocks' early return inlined: most decode steps fill no block.
+        num_tokens = min(num_tokens_need_slot, len(request.all_token_ids))
+        if num_tokens // self.block_size > self.num_cached_block[request.request_id]:
+            self.cache_blocks(request, num_tokens)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
