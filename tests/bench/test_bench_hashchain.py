@@ -4,7 +4,10 @@ each against the plain form it replaced, on the same input:
 * a repeated lookup of a waiting request: resumed from its memo (nothing left the map) vs a
   fresh walk (the memo dropped first), 2048 cached blocks;
 * block hashing: the inlined pickle + SHA-256 loop vs one ``hash_fn`` call per block (what
-  any other hash function gets), 2048 blocks.
+  any other hash function gets), 2048 blocks;
+* allocating 2048 blocks that each evict a cached block: ``evict_hashed`` (one C pop per
+  block) vs an evict call per block;
+* caching 2048 blocks: ``insert_many`` (one ``setdefault`` per block) vs ``insert`` per block.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from prefixcache.backends.hashchain.hashing import BlockHasher, sha256
+from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, BlockPool
+from prefixcache.backends.hashchain.hashing import BlockHash, BlockHasher, sha256
 
 from prefixcache import CacheConfig, Request, make_cache
 
@@ -58,3 +63,77 @@ def test_bench_block_hashing_sha256(benchmark, form: str) -> None:  # type: igno
     hash_fn = sha256 if form == "inlined" else (lambda obj: sha256(obj))
     benchmark.group = "sha256 block hashing, 2048 blocks"
     assert benchmark(hash_all, hash_fn) == NUM_BLOCKS
+
+
+def full_pool_of_cached_free_blocks() -> Any:
+    """A pool whose NUM_BLOCKS usable blocks are all free and all carry a hash."""
+    pool = BlockPool(NUM_BLOCKS + 1)
+    blocks = pool.get_new_blocks(NUM_BLOCKS)
+    pool.cache_full_blocks([BlockHash(i.to_bytes(32, "big")) for i in range(NUM_BLOCKS)], blocks, 0,
+                           NUM_BLOCKS, BLOCK, 0)
+    pool.free_blocks(blocks)
+    return pool
+
+
+def per_block_get_new_blocks(pool: Any, n: int) -> list[KVCacheBlock]:
+    """The replaced form, as it was: per popped block, an evict call that pops the key from
+    the map (a get, then a del) and clears the hash."""
+    cache = pool.cached_block_hash_to_block._cache
+
+    def evict(block: KVCacheBlock) -> None:
+        key = block.block_hash
+        entry = cache.get(key)
+        assert entry is block  # no duplicates here
+        del cache[key]
+        block.reset_hash()
+        pool.num_evicted_blocks += 1
+
+    blocks = pool.free_block_queue.popleft_n(n)
+    for block in blocks:
+        if block._block_hash is not None:
+            pool.num_cached_free_blocks -= 1
+            evict(block)
+        block.ref_cnt += 1
+    return blocks
+
+
+def insert_per_block(hash_map: BlockHashToBlockMap, key: bytes, block: KVCacheBlock) -> None:
+    """The replaced ``insert``, as it was (a get, then a set)."""
+    cache = hash_map._cache
+    entry = cache.get(key)  # type: ignore[call-overload]
+    if entry is None:
+        cache[key] = block  # type: ignore[index]
+    else:
+        raise AssertionError("no duplicates in this benchmark")
+
+
+@pytest.mark.parametrize("form", ["evict_hashed", "call per block"])
+def test_bench_allocating_blocks_that_evict(benchmark, form: str) -> None:  # type: ignore[no-untyped-def]
+    def allocate(pool: Any) -> Any:
+        if form == "evict_hashed":
+            pool.get_new_blocks(NUM_BLOCKS)
+        else:
+            per_block_get_new_blocks(pool, NUM_BLOCKS)
+        return pool
+
+    benchmark.group = "allocate 2048 blocks, each evicting a cached one"
+    pool = benchmark.pedantic(allocate, setup=lambda: ((full_pool_of_cached_free_blocks(),), {}), rounds=30)
+    assert pool.num_evicted_blocks == NUM_BLOCKS and len(pool.cached_block_hash_to_block) == 0
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("form", ["insert_many", "insert per block"])
+def test_bench_caching_blocks(benchmark, form: str) -> None:  # type: ignore[no-untyped-def]
+    keys = [BlockHash(i.to_bytes(36, "big")) for i in range(NUM_BLOCKS)]
+    blocks = [KVCacheBlock(i + 1) for i in range(NUM_BLOCKS)]
+
+    def insert(hash_map: BlockHashToBlockMap) -> int:
+        if form == "insert_many":
+            hash_map.insert_many(keys, blocks)
+        else:
+            for key, block in zip(keys, blocks, strict=True):
+                insert_per_block(hash_map, key, block)
+        return len(hash_map)
+
+    benchmark.group = "cache 2048 blocks in the hash map"
+    assert benchmark.pedantic(insert, setup=lambda: ((BlockHashToBlockMap(),), {}), rounds=50) == NUM_BLOCKS
