@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -68,15 +69,18 @@ def make(results: Path, paper: Path) -> list[Path]:
         ax.set_axis_off()
     fig.tight_layout()
     out = [save(fig, "ops", paper)]
-    out.append(write_macros(paper, "ops", macros(results, by_len, replay)))
+    pages = [int(v) for v in df.loc[df["variable"] == "cache_pages", "value"]]
+    out.append(write_macros(paper, "ops", macros(results, by_len, pages, replay)))
     return out
 
 
-def macros(results: Path, by_len: pd.DataFrame,
+def macros(results: Path, by_len: pd.DataFrame, pages: list[int],
            replay: pd.DataFrame | None) -> dict[str, str]:
     longest = by_len[by_len["value"] == by_len["value"].max()]
     per = longest.set_index(["backend", "op"])["ns_per_token"]
     values = {"opsMeasured": "yes", "opsLongest": f"{int(by_len['value'].max()):,}".replace(",", "{,}")}
+    values["opsPagesMin"] = f"$10^{{{round(math.log10(min(pages)))}}}$"
+    values["opsPagesMax"] = f"$10^{{{round(math.log10(max(pages)))}}}$"
     for label, name in NAMES.items():
         for op, oname in (("lookup_hit", "Lookup"), ("cycle_miss", "Cycle")):
             if (label, op) in per.index:
