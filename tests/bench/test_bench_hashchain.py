@@ -3,8 +3,6 @@ each against the plain form it replaced, on the same input:
 
 * a repeated lookup of a waiting request: resumed from its memo (nothing left the map) vs a
   fresh walk (the memo dropped first), 2048 cached blocks;
-* block hashing: the inlined pickle + SHA-256 loop vs one ``hash_fn`` call per block (what
-  any other hash function gets), 2048 blocks;
 * allocating 2048 blocks that each evict a cached block: ``evict_hashed`` (one C pop per
   block) vs an evict call per block;
 * caching 2048 blocks: ``insert_many`` (one ``setdefault`` per block) vs ``insert`` per block.
@@ -17,7 +15,7 @@ from typing import Any
 import pytest
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, BlockPool
-from prefixcache.backends.hashchain.hashing import BlockHash, BlockHasher, sha256
+from prefixcache.backends.hashchain.hashing import BlockHash
 
 from prefixcache import CacheConfig, Request, make_cache
 
@@ -51,18 +49,6 @@ def test_bench_repeated_lookup_walked_afresh(benchmark) -> None:  # type: ignore
 
     benchmark.group = "repeated lookup, 2048 cached blocks"
     assert benchmark(fresh) == NUM_BLOCKS * BLOCK
-
-
-def hash_all(hash_fn: Any) -> int:
-    return len(BlockHasher(BLOCK, hash_fn).block_hashes(Request("h", PROMPT)))
-
-
-@pytest.mark.parametrize("form", ["inlined", "call per block"])
-def test_bench_block_hashing_sha256(benchmark, form: str) -> None:  # type: ignore[no-untyped-def]
-    # A wrapper is not `sha256` itself, so the hasher takes its generic one-call-per-block loop.
-    hash_fn = sha256 if form == "inlined" else (lambda obj: sha256(obj))
-    benchmark.group = "sha256 block hashing, 2048 blocks"
-    assert benchmark(hash_all, hash_fn) == NUM_BLOCKS
 
 
 def full_pool_of_cached_free_blocks() -> Any:
