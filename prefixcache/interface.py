@@ -106,7 +106,6 @@ class PrefixCache(ABC):
             raise ValueError(f"config must be a CacheConfig, got {type(config).__name__}")
         self.config = config
         self.page_size = config.page_size
-        self._num_usable_pages = config.num_usable_pages  # read once per allocate
         self.stats = CacheStats()
         # live request id -> (the Request, tokens it has room for)
         self._reserved: dict[str, tuple[Request, int]] = {}
@@ -273,12 +272,12 @@ class PrefixCache(ABC):
     # ---------------------------------------------------------------- shared helpers
     def _check_fits(self, req: Request, total_tokens: int) -> None:
         """ValueError if ``total_tokens`` reaches past the request's tokens or the pool."""
-        if total_tokens > len(req.all_token_ids):
+        if total_tokens > req.num_tokens:
             raise ValueError(
                 f"allocate for {req.request_id!r} up to token {total_tokens} reaches past its "
                 f"{req.num_tokens} known tokens"
             )
-        if -(-total_tokens // self.page_size) > self._num_usable_pages:
+        if -(-total_tokens // self.page_size) > self.config.num_usable_pages:
             raise ValueError(
                 f"request {req.request_id!r} needs {total_tokens} tokens but the whole cache "
                 f"holds {self.config.usable_tokens} ({self.config.num_usable_pages} usable pages "

@@ -62,8 +62,6 @@ class HashChainCache(PrefixCache):
                 free_order=free_order,
                 unhashed_first=unhashed_first,
             )
-            # Each decode step goes straight to the running-request half of allocate_slots.
-            self._extend_running = self.manager.extend_running
         else:
             self.manager = HybridKVCacheManager(
                 config.num_pages,
@@ -75,10 +73,6 @@ class HashChainCache(PrefixCache):
             )
             # Bound per instance so the one-group path keeps the plain check (once per step).
             self._check_fits = self._check_fits_all_groups  # type: ignore[method-assign]
-            manager = self.manager
-            self._extend_running = lambda req, total: manager.allocate_slots(  # type: ignore[assignment]
-                req, total - req.num_computed_tokens
-            )
         self.block_pool = self.manager.block_pool
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
 
@@ -104,11 +98,11 @@ class HashChainCache(PrefixCache):
         return True
 
     def _extend(self, req: Request, total_tokens: int) -> bool:
-        if total_tokens <= req.num_computed_tokens:
+        num_new_tokens = total_tokens - req.num_computed_tokens
+        if num_new_tokens <= 0:
             return True
-        ok = self._extend_running(req, total_tokens) is not None
-        if self.block_pool.num_evicted_blocks != self._evicted_seen:
-            self._sync_evictions()
+        ok = self.manager.allocate_slots(req, num_new_tokens) is not None
+        self._sync_evictions()
         return ok
 
     def _commit(self, req: Request) -> None:

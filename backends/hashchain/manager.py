@@ -114,9 +114,9 @@ class KVCacheManager:
         return new_blocks
 
     def extend_running(self, request: Request, num_tokens_need_slot: int) -> list[KVCacheBlock] | None:
-        """The running-request half of ``allocate_slots`` (no hit), called directly by every
-        decode step: room for the first ``num_tokens_need_slot`` tokens; the new blocks, or
-        None (nothing changed) when the pool is short."""
+        """The running-request half of ``allocate_slots`` (no hit; every decode step): room for
+        the first ``num_tokens_need_slot`` tokens; the new blocks, or None (nothing changed)
+        when the pool is short."""
         held = self.req_to_blocks[request.request_id]
         num_new_blocks = -(-num_tokens_need_slot // self.block_size) - len(held)
         new_blocks: list[KVCacheBlock] = []
@@ -130,11 +130,8 @@ class KVCacheManager:
         return new_blocks
 
     def _cache_new_full_blocks(self, request: Request, num_tokens_need_slot: int) -> None:
-        # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token);
-        # cache_blocks' early return inlined: most decode steps fill no block.
-        num_tokens = min(num_tokens_need_slot, len(request.all_token_ids))
-        if num_tokens // self.block_size > self.num_cached_block[request.request_id]:
-            self.cache_blocks(request, num_tokens)
+        # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token).
+        self.cache_blocks(request, min(num_tokens_need_slot, request.num_tokens))
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
