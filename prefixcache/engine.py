@@ -307,12 +307,11 @@ class Engine:
             if num_output < req.max_new_tokens:
                 if next_tokens is not None:
                     token = next_tokens[idx]
-                else:  # the request's simulated tokens, made on its first decode step
-                    planned = simulated.get(req.request_id)
-                    if planned is not None and num_output < len(planned):
-                        token = planned[num_output]
-                    else:
-                        token = self._simulated_token(req)
+                else:
+                    tokens = simulated.get(req.request_id)
+                    if tokens is None or num_output >= len(tokens):
+                        tokens = self._simulated_tokens(req)
+                    token = tokens[num_output]
                 req.append_output_token_ids(token)
                 num_output += 1
                 rec.output_tokens = num_output
@@ -367,22 +366,20 @@ class Engine:
             rec.first_token_step, rec.first_token_time = self.step_count, self.clock
         self.num_finished += 1
 
-    def _simulated_token(self, req: Request) -> int:
-        """The planned token if the workload planned one, else a seeded pseudo-random token
-        that depends only on (seed, request id, position), so every backend sees the same."""
+    def _simulated_tokens(self, req: Request) -> list[int]:
+        """The output tokens of ``req``, indexed by output position, made on its first decode
+        step and kept until it finishes: the planned ones if the workload planned them, else
+        seeded pseudo-random tokens that depend only on (seed, request id, position), so every
+        backend sees the same."""
         planned = req.memo.get(PLANNED_OUTPUT)
         k = req.num_output_tokens
         if isinstance(planned, (list, tuple)) and k < len(planned):
-            # Kept for the next steps (ints only: the fast path in _execute reads it as is).
-            self._simulated[req.request_id] = [int(t) for t in planned]
-            return int(planned[k])
-        # All of a request's tokens at once, on its first decode step (dropped at finish).
-        tokens = self._simulated.get(req.request_id)
-        if tokens is None or k >= len(tokens):
+            tokens = [int(t) for t in planned]
+        else:
             n = max(req.max_new_tokens, k + 1)
             tokens = simulated_tokens(self.seed, req.request_id, n, self.vocab_size)
-            self._simulated[req.request_id] = tokens
-        return tokens[k]
+        self._simulated[req.request_id] = tokens
+        return tokens
 
     def _run_model(self, scheduled: list[tuple[Request, int]]) -> list[int]:
         from prefixcache.model import SeqChunk  # model mode only: torch stays out of simulation
