@@ -24,6 +24,7 @@ reads, and prints one line per measurement plus a summary.
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import math
@@ -63,6 +64,15 @@ def best_of(op: Callable[[Request], Any], make: Callable[[], Request], repeat: i
         op(req)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def write_rows_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """One CSV of ``rows`` (the first row's keys are the header; None is written empty)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def count_calls(op: Callable[[], Any]) -> int:
@@ -254,11 +264,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['dict-control']['pop_insert_16_max_over_min']:.2f} (the memory hierarchy alone)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "ops.csv", "w") as f:
-        f.write("op,backend,variable,value,seconds,calls\n")
-        for r in rows:
-            calls = "" if r["calls"] is None else r["calls"]
-            f.write(f"{r['op']},{r['backend']},{r['variable']},{r['value']},{r['seconds']:.9f},{calls}\n")
+    write_rows_csv(out / "ops.csv", rows)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"wrote {out / 'ops.csv'} and {out / 'summary.json'}")
     return 0

@@ -14,7 +14,6 @@ Prints one line per function (microseconds per block, ratio to sha256) and write
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import random
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prefixcache.backends.hashchain.hashing import HASH_FUNCTIONS, BlockHasher, get_hash_fn
+from prefixcache.experiments.bench import write_rows_csv
 
 from prefixcache import CacheConfig, Request, make_cache
 
@@ -84,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) / f"bench_hashing-b{args.block_size}-n{args.blocks}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(vars(args), indent=2))
-    with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows_csv(out / "results.csv", rows)
     return 0
 
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import csv
 import pstats
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from prefixcache.experiments.bench import write_rows_csv
 from prefixcache.experiments.traces import TraceRecord, iter_requests, read_mooncake
 
 from prefixcache import CacheConfig, Request, make_cache
@@ -132,11 +132,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"{trace:<13}{row['variant']:<22}{row['prompt_tokens_per_s']:>11,.0f}"
                   f"{row['requests_per_s']:>9,.0f}{row['cache_frac']:>7.0%}{row['engine_frac']:>7.0%}"
                   f"{row['build_frac']:>7.0%}{row['hit_rate']:>7.1%}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows_csv(args.out, rows)
     print(f"wrote {args.out}")
 
 

@@ -18,7 +18,6 @@ without it this prints why and exits 0.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from collections import defaultdict
@@ -26,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from prefixcache.experiments.bench import write_rows_csv
 from prefixcache.experiments.upstream.ours import compare, replay_ours
 from prefixcache.experiments.upstream.scenarios import all_scenarios
 
@@ -171,11 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"backend": backend, "requests": n, "hits_agree": h, "ids_agree": i,
                      "ours_s": ours_t, "upstream_s": up_t, "ours_over_upstream": ours_t / up_t})
     if rows and not (args.only or args.mode):  # only a full comparison stands for the paper
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_rows_csv(args.out, rows)
         print(f"wrote {args.out}")
     if record_dir:
         print(f"fixtures written to {record_dir}")
