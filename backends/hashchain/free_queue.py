@@ -62,23 +62,16 @@ class FreeKVCacheBlockQueue:
         """Link ``blocks`` at the tail, in the given order."""
         last = self.fake_free_list_tail.prev_free_block
         assert last is not None
-        count = 0
-        for block in blocks:
-            if block.prev_free_block is not None or block.next_free_block is not None:
-                self._check_unlinked(block)  # raises
-            last.next_free_block = block
-            block.prev_free_block = last
-            last = block
-            count += 1
-        last.next_free_block = self.fake_free_list_tail
-        self.fake_free_list_tail.prev_free_block = last
-        self.num_free_blocks += count
+        self._link_between(last, self.fake_free_list_tail, blocks)
 
     def prepend_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Link ``blocks`` at the head, keeping their order (blocks[0] becomes the head)."""
-        after = self.fake_free_list_head.next_free_block
-        assert after is not None
-        prev = self.fake_free_list_head
+        first = self.fake_free_list_head.next_free_block
+        assert first is not None
+        self._link_between(self.fake_free_list_head, first, blocks)
+
+    def _link_between(self, prev: KVCacheBlock, after: KVCacheBlock, blocks: Iterable[KVCacheBlock]) -> None:
+        """Link ``blocks``, in order, between the adjacent ``prev`` and ``after``."""
         count = 0
         for block in blocks:
             if block.prev_free_block is not None or block.next_free_block is not None:
