@@ -24,6 +24,16 @@ def free_ids(cache: Any) -> list[int]:
     return [b.block_id for b in cache.cache.block_pool.free_block_queue.get_all_free_blocks()]
 
 
+@pytest.mark.parametrize("groups", [None, [("full",), ("sliding_window", 8)]])
+@pytest.mark.parametrize("option", [{"free_order": "backward"}, {"unhashed_first": 1}])
+def test_bad_ablation_switches_are_refused_by_name_on_both_managers(
+    groups: list[tuple[object, ...]] | None, option: dict[str, object]
+) -> None:
+    (name,) = option
+    with pytest.raises(ValueError, match=name):
+        hc(8, attention_groups=groups, **option)
+
+
 def test_reuse_evicts_the_tail_of_a_freed_chain_first_so_its_start_survives() -> None:
     cache = hc(7)  # 6 usable
     prompt = tokens(13)  # blocks 1, 2, 3 full; 4 partial

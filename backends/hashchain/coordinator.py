@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockPool
 from prefixcache.backends.hashchain.hashing import BlockHash, BlockHasher, HashFn
+from prefixcache.backends.hashchain.manager import FREE_ORDERS
 from prefixcache.backends.hashchain.single_type import (
     AttentionGroupSpec,
     SingleTypeKVCacheManager,
@@ -44,8 +45,8 @@ class HybridKVCacheManager:
     ) -> None:
         if not attention_groups:
             raise ValueError("attention_groups needs at least one group")
-        if free_order not in ("reverse", "forward"):
-            raise ValueError(f"free_order must be 'reverse' or 'forward', got {free_order!r}")
+        if free_order not in FREE_ORDERS:
+            raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {free_order!r}")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.free_order = free_order
