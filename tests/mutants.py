@@ -38,10 +38,11 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         'self.block_pool.free_blocks(reversed(blocks) if self.free_order == "reverse" else blocks)',
         "self.block_pool.free_blocks(blocks)",
     ),
-    "radix: no split on match (stop at the last whole node)": (
+    "radix: match stops at the last whole node (drops the part of a split edge)": (
         "backends/radix/cache.py",
-        "                child = self._split_node(child, n, now)\n            assert child.value is not None",
-        "                break\n            assert child.value is not None",
+        "            child, n, diverged = step\n            assert child.value is not None",
+        "            child, n, diverged = step\n            if diverged:\n                break\n"
+        "            assert child.value is not None",
     ),
     "radix: duplicates computed after re-pointing (frees slots still in use)": (
         "backends/radix/backend.py",

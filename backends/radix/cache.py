@@ -83,15 +83,10 @@ class RadixCache:
         values: list[SlotArray] = []
         pos = 0
         while pos < len(key):
-            child = node.children.get(key[pos:].child_key(self.page_size))
-            if child is None:
+            step = self._descend(node, key, pos, now)
+            if step is None:
                 break
-            child.last_access_time = now
-            self._refresh(child)  # before a split: the lower part keeps this stamp
-            n = child.key.match(key[pos:], self.page_size)
-            diverged = n < len(child.key)  # the query ends or differs inside this edge
-            if diverged:
-                child = self._split_node(child, n, now)
+            child, n, diverged = step
             assert child.value is not None
             values.append(child.value)
             node, pos = child, pos + n
@@ -122,14 +117,10 @@ class RadixCache:
         node.priority = max(node.priority, priority)
         pos = 0
         while pos < len(key):
-            child = node.children.get(key[pos:].child_key(self.page_size))
-            if child is None:
+            step = self._descend(node, key, pos, now)
+            if step is None:
                 break
-            child.last_access_time = now
-            self._refresh(child)  # before a split: the lower part keeps this stamp
-            n = child.key.match(key[pos:], self.page_size)
-            if n < len(child.key):
-                child = self._split_node(child, n, now)
+            child, n, _ = step
             child.priority = max(child.priority, priority)
             pos += n
             if pos > hit_from:
@@ -148,6 +139,23 @@ class RadixCache:
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
         return pos
+
+    def _descend(
+        self, node: TreeNode, key: RadixKey, pos: int, now: float
+    ) -> tuple[TreeNode, int, bool] | None:
+        """One edge down from ``node`` along ``key[pos:]`` (match and insert alike): the child,
+        stamped ``now`` and split where the match ends inside it, the tokens it matched, and
+        whether it was split; None if no child starts with ``key[pos:]``."""
+        child = node.children.get(key[pos:].child_key(self.page_size))
+        if child is None:
+            return None
+        child.last_access_time = now
+        self._refresh(child)  # before a split: the lower part keeps this stamp
+        n = child.key.match(key[pos:], self.page_size)
+        diverged = n < len(child.key)  # the query ends or differs inside this edge
+        if diverged:
+            child = self._split_node(child, n, now)
+        return child, n, diverged
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
         """parent -> new[:split_len] -> child[split_len:]; sizes unchanged. Returns new."""
