@@ -97,8 +97,8 @@ def random_tokens(rng: random.Random, n: int) -> list[int]:
 
 
 def cycle(cache: PrefixCache, req: Request) -> None:
-    hit = cache.lookup(req)
-    assert cache.allocate(req, req.num_tokens - hit), "bench cache too small"
+    match = cache.lookup(req)
+    assert cache.allocate(req, req.num_tokens - match.tokens, match), "bench cache too small"
     req.num_computed_tokens = req.num_tokens
     cache.commit(req)
     cache.release(req)

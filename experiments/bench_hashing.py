@@ -44,7 +44,7 @@ def measure_all(prompt: list[int], block_size: int, repeat: int) -> dict[str, tu
     for name in HASH_FUNCTIONS:
         cache = make_cache("hashchain", CacheConfig((num_blocks + 2) * block_size, block_size), hash_fn=name)
         assert cache.allocate(Request("warm", prompt), len(prompt))  # caches every full block
-        hits = cache.lookup(Request("check", prompt)) // block_size
+        hits = cache.lookup(Request("check", prompt)).tokens // block_size
         assert hits == num_blocks - 1, f"{name}: expected {num_blocks - 1} hit blocks, got {hits}"
         setups[name] = (cache, get_hash_fn(name))
     best = {name: [float("inf"), float("inf")] for name in HASH_FUNCTIONS}

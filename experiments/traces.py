@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -196,12 +197,15 @@ def iter_requests(
     without hash ids (Azure) get unique random prompts, so they share nothing."""
     rng = np.random.default_rng(seed)
     for i, rec in enumerate(records[:limit]):
-        # Arrays, not lists: Request validates an int64 array in one pass and keeps it.
+        kwargs = {"arrival_time": rec.timestamp, "max_new_tokens": rec.output_length}
         if rec.hash_ids:
-            prompt = _mooncake_prompt_array(rec, vocab_size)
+            # Built when a cache first reads it: a waiting request holds no tokens.
+            make = partial(_mooncake_prompt_array, rec, vocab_size)
+            yield Request.deferred(f"{prefix}-{i}", rec.input_length, make, **kwargs)
         else:
+            # Arrays, not lists: Request validates an int64 array in one pass and keeps it.
             prompt = rng.integers(0, vocab_size, rec.input_length, dtype=np.int64)
-        yield Request(f"{prefix}-{i}", prompt, arrival_time=rec.timestamp, max_new_tokens=rec.output_length)
+            yield Request(f"{prefix}-{i}", prompt, **kwargs)  # type: ignore[arg-type]
 
 
 def to_requests(records: Sequence[TraceRecord], **kwargs: Any) -> list[Request]:

@@ -1,7 +1,7 @@
 """Built-in synthetic workloads: each a small seeded dataclass whose ``generate()`` returns
 Requests. Token ids are random (the cache sees only ids); what matters is which prefixes
 repeat. Outputs that a later prompt repeats (a chat answer, an agent's action) are planned:
-they are stored under ``PLANNED_OUTPUT`` so the engine emits exactly those tokens.
+they are the request's ``planned_output_ids``, so the engine emits exactly those tokens.
 
 Arrivals: ``request_rate`` > 0 draws Poisson arrivals (requests/s); 0 puts independent requests
 at time 0. Dependent steps (the next chat turn, the next agent step, a child thought) arrive
@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from prefixcache import Request
-from prefixcache.engine import PLANNED_OUTPUT
 
 
 @dataclass
@@ -48,10 +47,9 @@ class Workload(ABC):
     def _request(self, i: int, prompt: list[int], output: list[int] | int, arrival: float) -> Request:
         planned = output if isinstance(output, list) else None
         n_out = len(output) if isinstance(output, list) else output
-        req = Request(f"{self.name}-{i}", prompt, arrival_time=arrival, max_new_tokens=n_out)
-        if planned is not None:
-            req.memo[PLANNED_OUTPUT] = tuple(planned)
-        return req
+        return Request(
+            f"{self.name}-{i}", prompt, arrival_time=arrival, max_new_tokens=n_out, planned_output_ids=planned
+        )
 
 
 @dataclass

@@ -1,20 +1,35 @@
 """prefixcache: vLLM's chained-hash blocks and SGLang's radix tree behind one interface."""
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import CacheStats, InvariantError, PageUsage, PrefixCache
+from prefixcache.cost_model import CostModel
+from prefixcache.engine import Engine
+from prefixcache.interface import CacheStats, InvariantError, LiveRequest, Match, PageUsage, PrefixCache
+from prefixcache.records import RequestRecord
 from prefixcache.registry import available_backends, make_cache, register_backend
 from prefixcache.request import MultiModalSpan, Request
+from prefixcache.scheduler import Schedule, Scheduler, available_schedulers, make_scheduler
+from prefixcache.synthesis import simulated_tokens
 
 __all__ = [
     "CacheConfig",
     "CacheStats",
+    "CostModel",
+    "Engine",
     "InvariantError",
+    "LiveRequest",
+    "Match",
     "MultiModalSpan",
     "PageUsage",
     "PrefixCache",
     "Request",
+    "RequestRecord",
+    "Schedule",
+    "Scheduler",
     "available_backends",
+    "available_schedulers",
     "make_cache",
+    "make_scheduler",
     "register_backend",
+    "simulated_tokens",
 ]
 __version__ = "0.1.0"

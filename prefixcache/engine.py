@@ -14,90 +14,30 @@ its KVCacheManager, so both backends see exactly the same calls:
   pseudo-random one, or the model's argmax) until ``max_new_tokens``; then it is released.
 
 With ``model=None`` this is a cache-level simulator; with a ``prefixcache.model.Model`` it
-computes real KV. The clock is simulated (``CostModel``); when nothing runs it jumps to the
-next arrival. Per-request ``RequestRecord``s are what the research layer analyses.
+computes real KV. The clock is simulated (``cost_model.CostModel``); when nothing runs it jumps
+to the next arrival (``arrivals.Arrivals`` reads the source lazily). Per-request
+``records.RequestRecord``s are what the research layer analyses; simulated output tokens come
+from ``synthesis``.
+
+One match per scheduling decision: a policy that looked a waiting request up (lpm) hands its
+match to the engine, which revalidates it if the index changed and passes it to ``allocate``;
+FCFS looks each request up once, right before admitting it.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
-import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
-from prefixcache.interface import PrefixCache
+from prefixcache.arrivals import Arrivals
+from prefixcache.cost_model import CostModel
+from prefixcache.interface import Match, PrefixCache
+from prefixcache.records import RequestRecord
 from prefixcache.request import Request
 from prefixcache.scheduler import Scheduler, make_scheduler
-
-# A workload may plan a request's output tokens (so that the next turn of a conversation
-# repeats them) by storing them in ``req.memo[PLANNED_OUTPUT]``.
-PLANNED_OUTPUT = "planned_output_ids"
-_MASK64 = (1 << 64) - 1
-
-
-@dataclass(frozen=True, slots=True)
-class CostModel:
-    """Simulated seconds per engine step: ``step_overhead_s + prefill_token_s * prefill tokens
-    + decode_token_s * decode tokens``.
-
-    Defaults are rough figures for an 8B model on one H100-class GPU (about 20k prefill
-    tokens/s, 5 ms to stream the weights once per step). Attention over the cached context is
-    not charged: this model compares how much prefill a cache saves, not kernel speed.
-    """
-
-    step_overhead_s: float = 0.005
-    prefill_token_s: float = 5e-5
-    decode_token_s: float = 2e-5
-
-    def step_time(self, prefill_tokens: int, decode_tokens: int) -> float:
-        prefill = self.prefill_token_s * prefill_tokens
-        return self.step_overhead_s + prefill + self.decode_token_s * decode_tokens
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What happened to one request. Times are simulated seconds, steps engine step numbers."""
-
-    request_id: str
-    arrival_time: float
-    prompt_tokens: int
-    max_new_tokens: int
-    admission_step: int | None = None
-    admission_time: float | None = None
-    hit_tokens: int = 0  # reused at first admission (resumptions are not hits of the workload)
-    computed_prefill_tokens: int = 0  # KV computed in prefill, recomputation after preemption included
-    output_tokens: int = 0
-    preemptions: int = 0
-    evicted_tokens: int = 0  # cached tokens the cache evicted to make room for this request
-    first_token_step: int | None = None
-    first_token_time: float | None = None
-    finish_step: int | None = None
-    finish_time: float | None = None
-    cache_op_ns: int = 0  # wall time inside cache calls made for this request
-    rejected: bool = False  # could never fit in the cache; never admitted
-
-
-def simulated_tokens(seed: int, request_id: str, n: int, vocab_size: int) -> list[int]:
-    """Output tokens 0..n-1 of a request without a planned output: splitmix64 of
-    ``(crc32(id) << 32) ^ (seed + (k + 1) * golden)`` mod ``vocab_size``, vectorised (uint64
-    arithmetic wraps exactly as the ``& _MASK64`` of the scalar formula)."""
-    base = np.uint64(zlib.crc32(request_id.encode()) << 32)
-    x = np.arange(1, n + 1, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        x *= np.uint64(0x9E3779B97F4A7C15)
-        x += np.uint64(seed & _MASK64)
-        x ^= base
-        x ^= x >> np.uint64(30)  # splitmix64 finaliser
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return (x % np.uint64(vocab_size)).tolist()  # type: ignore[no-any-return]
+from prefixcache.synthesis import output_tokens
 
 
 class Engine:
@@ -105,7 +45,7 @@ class Engine:
 
     def __init__(
         self,
-        cache: PrefixCache,
+        cache: PrefixCache[Any],
         scheduler: Scheduler | str = "fcfs",
         token_budget: int = 2048,
         model: Any | None = None,
@@ -129,20 +69,17 @@ class Engine:
         self.vocab_size = vocab_size
         self.check_invariants = check_invariants
         self.records: dict[str, RequestRecord] = {}
-        self.pending: list[tuple[float, int, Request]] = []  # heap: not yet arrived
+        self.arrivals = Arrivals()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._in_prefill: set[str] = set()
-        self._simulated: dict[str, list[int]] = {}  # request id -> its simulated output tokens
+        self._outputs: dict[str, list[int]] = {}  # request id -> its output tokens, while running
         self.clock = 0.0
         self.step_count = 0
         self.num_finished = 0
         self.peak_pages_in_use = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0
-        self._added = 0
-        self._source: Iterator[Request] | None = None
-        self._peeked: Request | None = None
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, req: Request) -> None:
@@ -156,30 +93,27 @@ class Engine:
             rec.rejected = True
             self.num_finished += 1
             return
-        heapq.heappush(self.pending, (req.arrival_time, self._added, req))
-        self._added += 1
+        self.arrivals.add(req)
 
     def has_unfinished(self) -> bool:
-        return bool(self.pending or self.waiting or self.running or self._source is not None)
+        return bool(self.arrivals or self.waiting or self.running)
 
     def run(
         self, requests: Iterable[Request] = (), *, progress: bool = False, total: int | None = None
     ) -> list[RequestRecord]:
         """Step until every request has finished; returns the records.
 
-        ``requests`` is consumed lazily, a request being built only when the clock reaches its
-        arrival, so a long trace never sits in memory as token lists. A source that is not
-        sorted by arrival still works: a late-listed early request is admitted when read.
+        ``requests`` is consumed lazily (see ``arrivals``), so a long trace never sits in
+        memory as token lists.
         """
         from tqdm.auto import tqdm
 
-        self._source = iter(requests)
-        self._peeked = None
+        self.arrivals.read_from(requests)
         if total is None and hasattr(requests, "__len__"):
             total = len(requests) + len(self.records)  # type: ignore[arg-type]
         with tqdm(total=total, disable=not progress, unit="req", leave=False) as bar:
             idle = 0
-            self._pull()
+            self._read_arrivals()
             bar.update(self.num_finished)
             while self.has_unfinished():
                 before = self.num_finished
@@ -189,26 +123,13 @@ class Engine:
                 bar.update(self.num_finished - before)
         return list(self.records.values())
 
-    def _pull(self) -> None:
-        """Add source requests until one arrives after the clock (kept as the next arrival)."""
-        while self._source is not None:
-            if self._peeked is None:
-                self._peeked = next(self._source, None)
-                if self._peeked is None:
-                    self._source = None
-                    return
-            t = self._peeked.arrival_time
-            if self.pending and t > self.clock and t >= self.pending[0][0]:
-                return  # the heap already holds the next arrival; read on when the clock gets there
-            self.add_request(self._peeked)
-            self._peeked = None
-
     # ---------------------------------------------------------------- one step
     def step(self) -> int:
         """Run one engine step; returns the number of tokens computed in it."""
         self._move_arrivals()
-        if not self.running and not self.waiting and self.pending:
-            self.clock = max(self.clock, self.pending[0][0])  # idle: jump to the next arrival
+        next_arrival = self.arrivals.next_time()
+        if not self.running and not self.waiting and next_arrival is not None:
+            self.clock = max(self.clock, next_arrival)  # idle: jump to the next arrival
             self._move_arrivals()
         budget = self.token_budget
         scheduled: list[tuple[Request, int]] = []
@@ -246,8 +167,12 @@ class Engine:
                 break
             if admitted and req.request_id in plan.held_back:
                 continue  # its prefix is being computed by a request admitted this step
-            n = min(req.num_tokens - self._lookup(req), budget)
-            if not self._allocate(req, n):
+            # The policy's match if it took one (revalidated: admissions before this one may
+            # have evicted or cached blocks), else the one lookup of this decision.
+            match = plan.matches.get(req.request_id)
+            match = self._lookup(req) if match is None else self._timed(req, self.cache.revalidate, match)
+            n = min(req.num_tokens - match.tokens, budget)
+            if not self._allocate(req, n, match):
                 break
             rec = self.records[req.request_id]
             if rec.admission_step is None:
@@ -275,43 +200,27 @@ class Engine:
 
     def _execute(self, scheduled: list[tuple[Request, int]]) -> None:
         next_tokens = self._run_model(scheduled) if self.model is not None else None
-        # The loops below run once per scheduled request per step (every decode token): plain
-        # locals and the per-request record fetched once, no helper calls but the cache's.
-        records, in_prefill, commit = self.records, self._in_prefill, self.cache.commit
-        simulated = self._simulated
-        now_ns = time.perf_counter_ns
         prefill = decode = 0
         for req, n in scheduled:
-            rec = records[req.request_id]
-            if req.request_id in in_prefill:
+            rec = self.records[req.request_id]
+            if req.request_id in self._in_prefill:
                 prefill += n
                 rec.computed_prefill_tokens += n
             else:
                 decode += n
             req.num_computed_tokens += n
-            t0 = now_ns()
-            try:
-                commit(req)
-            finally:
-                rec.cache_op_ns += now_ns() - t0
+            self._timed(req, self.cache.commit)
         self.clock += self.cost_model.step_time(prefill, decode)  # times: at the end of the step
         self.prefill_tokens += prefill
         self.decode_tokens += decode
         for idx, (req, _) in enumerate(scheduled):
-            num_tokens = req.num_tokens
-            if req.num_computed_tokens < num_tokens:
+            if req.num_computed_tokens < req.num_tokens:
                 continue  # mid-prefill: no token yet
-            in_prefill.discard(req.request_id)
-            rec = records[req.request_id]
-            num_output = num_tokens - req.num_prompt_tokens
+            self._in_prefill.discard(req.request_id)
+            rec = self.records[req.request_id]
+            num_output = req.num_output_tokens
             if num_output < req.max_new_tokens:
-                if next_tokens is not None:
-                    token = next_tokens[idx]
-                else:
-                    tokens = simulated.get(req.request_id)
-                    if tokens is None or num_output >= len(tokens):
-                        tokens = self._simulated_tokens(req)
-                    token = tokens[num_output]
+                token = next_tokens[idx] if next_tokens is not None else self._next_output_token(req)
                 req.append_output_token_ids(token)
                 num_output += 1
                 rec.output_tokens = num_output
@@ -322,30 +231,29 @@ class Engine:
         self.step_count += 1  # step numbers count from 0, as admission_step does
 
     # ---------------------------------------------------------------- helpers
+    def _read_arrivals(self) -> None:
+        for req in self.arrivals.read(self.clock):
+            self.add_request(req)
+
     def _move_arrivals(self) -> None:
-        self._pull()
-        while self.pending and self.pending[0][0] <= self.clock:
-            self.waiting.append(heapq.heappop(self.pending)[2])
+        self._read_arrivals()
+        self.waiting.extend(self.arrivals.pop_arrived(self.clock))
 
     def _timed(self, req: Request, op: Any, *args: Any) -> Any:
+        """``op(*args)`` (``req`` when none), its wall time charged to ``req``'s record."""
         t0 = time.perf_counter_ns()
         try:
-            return op(req, *args)
+            return op(*args) if args else op(req)
         finally:
             self.records[req.request_id].cache_op_ns += time.perf_counter_ns() - t0
 
-    def _lookup(self, req: Request) -> int:
-        return int(self._timed(req, self.cache.lookup))
+    def _lookup(self, req: Request) -> Match:
+        return self._timed(req, self.cache.lookup)  # type: ignore[no-any-return]
 
-    def _allocate(self, req: Request, n: int) -> bool:
-        rec = self.records[req.request_id]
+    def _allocate(self, req: Request, n: int, match: Match | None = None) -> bool:
         evicted = self.cache.stats.evicted_tokens
-        t0 = time.perf_counter_ns()
-        try:
-            ok = bool(self.cache.allocate(req, n))
-        finally:
-            rec.cache_op_ns += time.perf_counter_ns() - t0
-        rec.evicted_tokens += self.cache.stats.evicted_tokens - evicted
+        ok = bool(self._timed(req, self.cache.allocate, req, n, match))
+        self.records[req.request_id].evicted_tokens += self.cache.stats.evicted_tokens - evicted
         return ok
 
     def _preempt(self, req: Request) -> None:
@@ -358,7 +266,7 @@ class Engine:
 
     def _finish(self, req: Request) -> None:
         self._timed(req, self.cache.release)
-        self._simulated.pop(req.request_id, None)
+        self._outputs.pop(req.request_id, None)
         self.running.remove(req)
         rec = self.records[req.request_id]
         rec.finish_step, rec.finish_time = self.step_count, self.clock
@@ -366,20 +274,14 @@ class Engine:
             rec.first_token_step, rec.first_token_time = self.step_count, self.clock
         self.num_finished += 1
 
-    def _simulated_tokens(self, req: Request) -> list[int]:
-        """The output tokens of ``req``, indexed by output position, made on its first decode
-        step and kept until it finishes: the planned ones if the workload planned them, else
-        seeded pseudo-random tokens that depend only on (seed, request id, position), so every
-        backend sees the same."""
-        planned = req.memo.get(PLANNED_OUTPUT)
+    def _next_output_token(self, req: Request) -> int:
+        """The planned or simulated token at the request's next output position (its tokens
+        are made on its first decode step and kept while it runs)."""
         k = req.num_output_tokens
-        if isinstance(planned, (list, tuple)) and k < len(planned):
-            tokens = [int(t) for t in planned]
-        else:
-            n = max(req.max_new_tokens, k + 1)
-            tokens = simulated_tokens(self.seed, req.request_id, n, self.vocab_size)
-        self._simulated[req.request_id] = tokens
-        return tokens
+        tokens = self._outputs.get(req.request_id)
+        if tokens is None or k >= len(tokens):
+            tokens = self._outputs[req.request_id] = output_tokens(req, self.seed, self.vocab_size)
+        return tokens[k]
 
     def _run_model(self, scheduled: list[tuple[Request, int]]) -> list[int]:
         from prefixcache.model import SeqChunk  # model mode only: torch stays out of simulation

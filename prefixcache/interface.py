@@ -2,30 +2,28 @@
 
 Life of a request, as the engine drives it::
 
-    hit = cache.lookup(req)          # pure: how many tokens could be reused right now
-    ok = cache.allocate(req, n)      # first call: pin the hit, room for n more tokens
+    m = cache.lookup(req)            # pure: a Match, m.tokens reusable right now
+    ok = cache.allocate(req, n, m)   # first call: pin the match, room for n more tokens
     ...model writes KV of n tokens; engine: req.num_computed_tokens += n
     cache.commit(req)                # publish that KV for other requests
     ok = cache.allocate(req, 1)      # later calls extend (next chunk, decode)
     cache.release(req)               # finished or preempted: unpin; KV stays as cache
 
-The public methods below validate their arguments and keep the per-request accounting that
-every backend shares (``_reserved``), then call the backend's ``_hooks``. Backends only add
-their index: they never repeat the contract.
+The match flows forward (vLLM hands ``get_computed_blocks``' blocks to ``allocate_slots``;
+SGLang keeps ``match_prefix``'s node on the request): nothing looks the same prefix up twice
+for one decision. The public methods below validate their arguments and keep one live record
+per request (``LiveRequest``: the request, its reservation, the backend's state); the
+backend's ``_hooks`` return what the base needs. Backends only add their index.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
-from dataclasses import dataclass, field
-from typing import ClassVar, NamedTuple
+from dataclasses import dataclass
+from typing import ClassVar, Generic, NamedTuple, TypeVar
 
 from prefixcache.config import CacheConfig
 from prefixcache.request import Request
-
-# vLLM logs the hit rate over the most recent requests (CachingMetrics, max_recent_requests).
-RECENT_REQUESTS = 1000
 
 
 class InvariantError(AssertionError):
@@ -66,17 +64,11 @@ class CacheStats:
     preempted_queries: int = 0
     preempted_hits: int = 0
     evicted_tokens: int = 0  # cached tokens dropped to make room or by evict()
-    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
+    revalidated_matches: int = 0  # matches handed to allocate after the index changed
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
-
-    @property
-    def recent_hit_rate(self) -> float:
-        """Hit rate over the last RECENT_REQUESTS admitted (not resumed) requests."""
-        q = sum(x for x, _ in self.recent)
-        return sum(h for _, h in self.recent) / q if q else 0.0
 
     def record(self, req: Request, hit: int) -> None:
         if req.num_preemptions:
@@ -87,10 +79,40 @@ class CacheStats:
             self.requests += 1
             self.queries += req.num_tokens
             self.hits += hit
-            self.recent.append((req.num_tokens, hit))
 
 
-class PrefixCache(ABC):
+S = TypeVar("S")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Match:
+    """What ``lookup`` found for one request, handed to its first ``allocate``.
+
+    tokens:     leading tokens of the request reusable now (whole pages, <= num_tokens - 1).
+    num_tokens: the request's length when it was looked up; a longer request needs a new match.
+    version:    the backend's index version then: an unchanged version proves the match still
+                holds; a changed one makes ``allocate`` revalidate it (never trust it blindly).
+    Backends subclass it with what they found (blocks per group, a tree node).
+    """
+
+    cache: PrefixCache
+    request: Request
+    num_tokens: int
+    tokens: int
+    version: int
+
+
+@dataclass(slots=True, eq=False)
+class LiveRequest(Generic[S]):
+    """The one record of a live request: the request, the tokens it has room for, and the
+    backend's own state for it (dropped with the record at release)."""
+
+    request: Request
+    reserved: int
+    state: S
+
+
+class PrefixCache(ABC, Generic[S]):
     """A prefix cache over a paged KV pool of ``config.num_pages`` pages, page 0 reserved.
 
     State changes only through ``allocate``, ``commit``, ``release``, ``evict`` and ``reset``.
@@ -107,66 +129,85 @@ class PrefixCache(ABC):
         self.config = config
         self.page_size = config.page_size
         self.stats = CacheStats()
-        # live request id -> (the Request, tokens it has room for)
-        self._reserved: dict[str, tuple[Request, int]] = {}
+        self._live: dict[str, LiveRequest[S]] = {}
 
     # ---------------------------------------------------------------- the contract
-    def lookup(self, req: Request) -> int:
-        """Tokens of ``req.all_token_ids`` reusable from the cache now, at most num_tokens - 1.
+    def lookup(self, req: Request) -> Match:
+        """The longest reusable prefix of ``req.all_token_ids`` now, as a Match (``.tokens``).
 
         Pure with respect to pinning and stats: nothing is pinned, nothing is counted. (The
         radix backend still stamps access times and may split a node, as SGLang's match does.)
         A resumed request is looked up over its prompt and output tokens alike.
         """
         self._check_request(req)
-        return self._lookup(req)
+        return self._match(req)
 
-    def allocate(self, req: Request, num_new_tokens: int) -> bool:
+    def allocate(self, req: Request, num_new_tokens: int, match: Match | None = None) -> bool:
         """Reserve room for ``num_new_tokens`` tokens after ``req.num_computed_tokens``.
 
-        First call for a request: find the hit, pin it, set ``req.num_computed_tokens`` to it,
-        count it in ``stats``, then reserve room for ``num_new_tokens`` more tokens. Later calls
-        extend the reservation to ``num_computed_tokens + num_new_tokens`` (a no-op if it is
-        already that large). Evicts unpinned cache entries if needed. Returns False when there
-        is no room even after eviction, and then NOTHING has changed.
+        First call for a request: take ``match`` (or look the request up now if None), pin
+        it, set ``req.num_computed_tokens`` to its tokens, count it in ``stats``, then reserve
+        room for ``num_new_tokens`` more tokens. A match taken before the index changed (an
+        eviction, a reset, another request's allocation or commit) is revalidated first: it
+        keeps only what still holds (and, where the backend can, what was added since), so a
+        freed or reused page is never pinned. Later calls extend the reservation to
+        ``num_computed_tokens + num_new_tokens`` (a no-op if it is already that large) and take
+        no match. Evicts unpinned cache entries if needed. Returns False when there is no room
+        even after eviction, and then NOTHING has changed.
 
         Raises ValueError if num_new_tokens is not a positive int, if the reservation would
-        reach past the request's known tokens, or if the request could never fit in the pool.
+        reach past the request's known tokens, if the request could never fit in the pool, or
+        if ``match`` is not this cache's match of this request at its current length.
         """
-        # The checks are inlined: this runs once per request per engine step (decode included).
         if type(num_new_tokens) is not int or num_new_tokens < 1:
             _check_count("num_new_tokens", num_new_tokens, minimum=1)
-        entry = self._reserved.get(req.request_id)
-        if entry is None:
-            self._check_request(req)
-            ok = self._admit(req, num_new_tokens)
-        else:
-            if entry[0] is not req:
-                self._check_request(req)  # raises: another live request has this id
+        live = self._live.get(req.request_id)
+        if live is not None and live.request is req:
+            if match is not None:
+                raise ValueError(f"a match is for the first allocate only; {req.request_id!r} is live")
             total = req.num_computed_tokens + num_new_tokens
-            if total <= entry[1]:
+            if total <= live.reserved:
                 return True  # already room (and, below the reservation, nothing new to cache)
             self._check_fits(req, total)
-            ok = self._extend(req, total)
-        if ok:
-            self._reserved[req.request_id] = (req, req.num_computed_tokens + num_new_tokens)
-        return ok
+            if not self._extend(req, live.state, total):
+                return False
+            live.reserved = total
+            return True
+        self._check_request(req)
+        match = self._match(req) if match is None else self._current(req, match)
+        total = match.tokens + num_new_tokens
+        # "Never fits in the pool" first: it is about the request, whatever the hit adds.
+        self._check_fits(req, min(total, req.num_tokens))
+        self._check_fits(req, total)
+        state = self._admit(req, num_new_tokens, match)
+        if state is None:
+            return False
+        req.num_computed_tokens = match.tokens
+        self.stats.record(req, match.tokens)
+        self._live[req.request_id] = LiveRequest(req, total, state)
+        return True
+
+    def revalidate(self, match: Match) -> Match:
+        """``match`` as it holds now: itself if the index has not changed since it was taken,
+        else revalidated as ``allocate`` would. ValueError if it is not this cache's match of
+        its request at the request's current length."""
+        self._check_request(match.request)
+        return self._current(match.request, match)
 
     def commit(self, req: Request) -> None:
         """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it."""
-        entry = self._reserved.get(req.request_id)
-        reserved = entry[1] if entry is not None and entry[0] is req else self._live(req, "commit")
-        if not 0 <= req.num_computed_tokens <= reserved:
+        live = self._live_record(req, "commit")
+        if not 0 <= req.num_computed_tokens <= live.reserved:
             raise ValueError(
                 f"commit of {req.request_id!r} at num_computed_tokens={req.num_computed_tokens} "
-                f"beyond the {reserved} tokens allocated to it"
+                f"beyond the {live.reserved} tokens allocated to it"
             )
         if req.num_computed_tokens > req.num_tokens:
             raise ValueError(
                 f"commit of {req.request_id!r}: num_computed_tokens={req.num_computed_tokens} "
                 f"exceeds its {req.num_tokens} tokens"
             )
-        self._commit(req)
+        self._commit(req, live.state)
 
     def release(self, req: Request) -> None:
         """Finished or preempted: unpin; KV of its computed tokens stays as cache.
@@ -174,17 +215,16 @@ class PrefixCache(ABC):
         The request is no longer live; a later ``allocate`` admits it afresh (a resumed request
         usually hits its own blocks). The engine resets ``num_computed_tokens`` on preemption.
         """
-        self._live(req, "release")
-        self._release(req)
-        del self._reserved[req.request_id]
+        live = self._live_record(req, "release")
+        del self._live[req.request_id]  # no longer live while its pages go back
+        self._release(req, live.state)
 
     def page_table(self, req: Request) -> list[int]:
         """Physical page ids of ``req``'s KV in token order, covering its reservation.
 
         Token ``t`` lives in page ``page_table[t // page_size]`` at offset ``t % page_size``.
         """
-        self._live(req, "page_table")
-        return self._page_table(req)
+        return self._page_table(req, self._live_record(req, "page_table").state)
 
     def evict(self, num_tokens: int) -> int:
         """Drop unpinned cached KV of at least ``num_tokens`` tokens if there is that much.
@@ -193,13 +233,12 @@ class PrefixCache(ABC):
         exceed the request; less if not enough is evictable).
         """
         _check_count("num_tokens", num_tokens, minimum=0)
-        freed = self._evict(num_tokens)
-        return freed
+        return self._evict(num_tokens)
 
     def reset(self) -> bool:
         """Drop every cached entry and the stats. Refused (False, nothing changed) while any
         request is live, as vLLM's ``reset_prefix_cache`` refuses while blocks are in use."""
-        if self._reserved:
+        if self._live:
             return False
         self._reset()
         self.stats = CacheStats()
@@ -207,16 +246,16 @@ class PrefixCache(ABC):
 
     def reserved_tokens(self, req: Request) -> int:
         """Tokens ``req`` has room for (0 if it is not live)."""
-        entry = self._reserved.get(req.request_id)
-        return entry[1] if entry is not None else 0
+        live = self._live.get(req.request_id)
+        return live.reserved if live is not None and live.request is req else 0
 
     def is_live(self, req: Request) -> bool:
-        entry = self._reserved.get(req.request_id)
-        return entry is not None and entry[0] is req
+        live = self._live.get(req.request_id)
+        return live is not None and live.request is req
 
     @property
     def live_requests(self) -> list[Request]:
-        return [r for r, _ in self._reserved.values()]
+        return [live.request for live in self._live.values()]
 
     @abstractmethod
     def usage(self) -> PageUsage:
@@ -230,38 +269,45 @@ class PrefixCache(ABC):
             sum(u) == self.config.num_usable_pages,
             f"pages free + evictable + in use = {sum(u)} != {self.config.num_usable_pages} usable",
         )
-        for rid, (req, reserved) in self._reserved.items():
+        for rid, live in self._live.items():
+            req = live.request
             ensure(rid == req.request_id, f"live entry {rid!r} holds request {req.request_id!r}")
             ensure(
-                req.num_computed_tokens <= reserved,
-                f"{rid!r} computed {req.num_computed_tokens} > reserved {reserved}",
+                req.num_computed_tokens <= live.reserved,
+                f"{rid!r} computed {req.num_computed_tokens} > reserved {live.reserved}",
             )
             ensure(
-                len(self._page_table(req)) * self.page_size >= reserved,
-                f"{rid!r} page table covers fewer than its {reserved} reserved tokens",
+                len(self._page_table(req, live.state)) * self.page_size >= live.reserved,
+                f"{rid!r} page table covers fewer than its {live.reserved} reserved tokens",
             )
 
     # ---------------------------------------------------------------- backend hooks
     @abstractmethod
-    def _lookup(self, req: Request) -> int: ...
+    def _match(self, req: Request) -> Match:
+        """Find the longest reusable prefix now (pure; capped at num_tokens - 1)."""
 
     @abstractmethod
-    def _admit(self, req: Request, num_new_tokens: int) -> bool:
-        """First allocate: pin the hit, set num_computed_tokens, record stats (``_admitted``),
-        reserve room. Use ``_check_fits`` before changing anything."""
+    def _revalidate(self, match: Match) -> Match:
+        """A match of ``match.request`` that holds now, given that the index changed since
+        ``match`` was taken: keep only what still holds, never a freed or reused page."""
 
     @abstractmethod
-    def _extend(self, req: Request, total_tokens: int) -> bool:
-        """Grow the live request's room to ``total_tokens`` tokens (no-op if already there)."""
+    def _admit(self, req: Request, num_new_tokens: int, match: Match) -> S | None:
+        """First allocate with a current match: pin it, reserve room for ``match.tokens +
+        num_new_tokens`` tokens; the request's state, or None (nothing changed) if short."""
 
     @abstractmethod
-    def _commit(self, req: Request) -> None: ...
+    def _extend(self, req: Request, state: S, total_tokens: int) -> bool:
+        """Grow the live request's room to ``total_tokens`` tokens; False (nothing changed) if short."""
 
     @abstractmethod
-    def _release(self, req: Request) -> None: ...
+    def _commit(self, req: Request, state: S) -> None: ...
 
     @abstractmethod
-    def _page_table(self, req: Request) -> list[int]: ...
+    def _release(self, req: Request, state: S) -> None: ...
+
+    @abstractmethod
+    def _page_table(self, req: Request, state: S) -> list[int]: ...
 
     @abstractmethod
     def _evict(self, num_tokens: int) -> int: ...
@@ -269,7 +315,33 @@ class PrefixCache(ABC):
     @abstractmethod
     def _reset(self) -> None: ...
 
+    @abstractmethod
+    def _index_version(self) -> int:
+        """A number that changes whenever a lookup could find something else (entries added,
+        evicted, reset); a match carries the version it was taken at."""
+
     # ---------------------------------------------------------------- shared helpers
+    def _current(self, req: Request, match: Match) -> Match:
+        """``match`` checked to be this cache's match of ``req`` at its length, revalidated if
+        the index changed since it was taken."""
+        if not isinstance(match, Match):
+            raise ValueError(f"match must be a Match from lookup, got {type(match).__name__}")
+        if match.cache is not self:
+            raise ValueError(f"the match of {match.request.request_id!r} was taken from another cache")
+        if match.request is not req:
+            raise ValueError(
+                f"the match of {match.request.request_id!r} was handed to allocate for {req.request_id!r}"
+            )
+        if match.num_tokens != req.num_tokens:
+            raise ValueError(
+                f"the match of {req.request_id!r} was taken at {match.num_tokens} tokens; it has "
+                f"{req.num_tokens} now: look it up again"
+            )
+        if match.version == self._index_version():
+            return match
+        self.stats.revalidated_matches += 1
+        return self._revalidate(match)
+
     def _check_fits(self, req: Request, total_tokens: int) -> None:
         """ValueError if ``total_tokens`` reaches past the request's tokens or the pool."""
         if total_tokens > req.num_tokens:
@@ -284,27 +356,21 @@ class PrefixCache(ABC):
                 f"of {self.page_size})"
             )
 
-    def _admitted(self, req: Request, hit: int) -> None:
-        """Called by ``_admit`` once it has succeeded: sets computed tokens and counts stats."""
-        req.num_computed_tokens = hit
-        self.stats.record(req, hit)
-
     def _check_request(self, req: Request) -> None:
         if not isinstance(req, Request):
             raise ValueError(f"expected a Request, got {type(req).__name__}")
-        entry = self._reserved.get(req.request_id)
-        if entry is not None and entry[0] is not req:
+        live = self._live.get(req.request_id)
+        if live is not None and live.request is not req:
             raise ValueError(f"another live request already has id {req.request_id!r}")
 
-    def _live(self, req: Request, what: str) -> int:
-        self._check_request(req)
-        entry = self._reserved.get(req.request_id)
-        if entry is None:
+    def _live_record(self, req: Request, what: str) -> LiveRequest[S]:
+        live = self._live.get(req.request_id)
+        if live is None or live.request is not req:
+            self._check_request(req)
             raise ValueError(
                 f"{what} of {req.request_id!r}, which is not live (never allocated or already released)"
             )
-        return entry[1]
-
+        return live
 
 def _check_count(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -56,8 +56,8 @@ class Request:
     """One request's tokens and cache namespace.
 
     Tokens are append-only: the prompt is fixed at creation and output tokens are appended
-    (``append_output_token_ids``). That is what makes per-request memos (vLLM's incremental
-    block hashes) valid forever: a full block never changes once its tokens exist.
+    (``append_output_token_ids``). That is what makes vLLM's incremental block hashes valid
+    forever: a full block never changes once its tokens exist.
 
     ``num_computed_tokens`` is the number of leading tokens whose KV is in the cache. The first
     successful ``PrefixCache.allocate`` sets it to the hit; the engine advances it after the
@@ -66,7 +66,6 @@ class Request:
 
     __slots__ = (
         "request_id",
-        "prompt_token_ids",
         "lora_name",
         "cache_salt",
         "mm_hashes",
@@ -76,7 +75,11 @@ class Request:
         "max_new_tokens",
         "_all_token_ids",
         "_prompt_array",
-        "memo",
+        "_prompt_tuple",
+        "_num_prompt_tokens",
+        "_make_prompt",
+        "planned_output_ids",
+        "__weakref__",  # a backend may key its own per-request memo on the request, weakly
     )
 
     def __init__(
@@ -89,25 +92,33 @@ class Request:
         mm_hashes: Iterable[tuple[str, int, int]] = (),
         arrival_time: float = 0.0,
         max_new_tokens: int = 0,
+        planned_output_ids: Sequence[int] | None = None,
+        num_deferred_tokens: int = 0,
     ) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-        tokens = _check_token_ids(prompt_token_ids, "prompt_token_ids")
-        if not tokens:
+        self.request_id = request_id
+        self._make_prompt: Callable[[], Sequence[int] | npt.NDArray[np.integer]] | None = None
+        if callable(prompt_token_ids):  # deferred (see ``deferred``): only its length now
+            self._make_prompt = prompt_token_ids
+            num_prompt_tokens = num_deferred_tokens
+            self._all_token_ids: list[int] | None = None
+            self._prompt_array: npt.NDArray[np.int64] | None = None
+        else:
+            num_prompt_tokens = self._set_prompt(prompt_token_ids)
+        if type(num_prompt_tokens) is not int or num_prompt_tokens < 1:
             raise ValueError(f"request {request_id!r} has an empty prompt")
+        self._num_prompt_tokens = num_prompt_tokens
+        self._prompt_tuple: tuple[int, ...] | None = None
         for name, value in (("lora_name", lora_name), ("cache_salt", cache_salt)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be None or a non-empty str, got {value!r}")
         spans = tuple(MultiModalSpan(*s) for s in mm_hashes)
         for s in sorted(spans, key=lambda s: s.offset):
-            if s.offset < 0 or s.length <= 0 or s.offset + s.length > len(tokens):
-                raise ValueError(
-                    f"multimodal span {s} does not fit in the {len(tokens)}-token prompt"
-                )
+            if s.offset < 0 or s.length <= 0 or s.offset + s.length > num_prompt_tokens:
+                raise ValueError(f"multimodal span {s} does not fit in the {num_prompt_tokens}-token prompt")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        self.request_id = request_id
-        self.prompt_token_ids: tuple[int, ...] = tuple(tokens)
         self.lora_name = lora_name
         self.cache_salt = cache_salt
         self.mm_hashes: tuple[MultiModalSpan, ...] = tuple(sorted(spans, key=lambda s: s.offset))
@@ -115,54 +126,103 @@ class Request:
         self.num_preemptions = 0
         self.arrival_time = float(arrival_time)
         self.max_new_tokens = max_new_tokens
-        self._all_token_ids: list[int] = tokens
+        # The output a workload planned (so that the next turn of a conversation repeats it);
+        # the engine emits these tokens instead of simulated ones. None: nothing planned.
+        self.planned_output_ids: tuple[int, ...] | None = (
+            None
+            if planned_output_ids is None
+            else tuple(_check_token_ids(planned_output_ids, "planned_output_ids"))
+        )
+
+    @classmethod
+    def deferred(
+        cls,
+        request_id: str,
+        num_prompt_tokens: int,
+        make_prompt: Callable[[], Sequence[int] | npt.NDArray[np.integer]],
+        **kwargs: Any,
+    ) -> Request:
+        """A request whose prompt ``make_prompt()`` builds on first use of its tokens: a trace
+        run keeps thousands of requests waiting, and only those a cache looks at need their
+        tokens (checked then, and against ``num_prompt_tokens``)."""
+        return cls(request_id, make_prompt, num_deferred_tokens=num_prompt_tokens, **kwargs)  # type: ignore[arg-type]
+
+    def _set_prompt(self, prompt_token_ids: Sequence[int] | npt.NDArray[np.integer]) -> int:
+        tokens = _check_token_ids(prompt_token_ids, "prompt_token_ids")
+        self._all_token_ids = tokens
         # Kept when the caller already had the prompt as an array (a trace reader does), so a
-        # backend wanting one (radix keys) does not convert the tuple back token by token.
-        self._prompt_array: npt.NDArray[np.int64] | None = None
+        # backend wanting one (radix keys) does not convert the list back token by token.
+        self._prompt_array = None
         if isinstance(prompt_token_ids, np.ndarray) and prompt_token_ids.dtype == np.int64:
             arr = prompt_token_ids.astype(np.int64)  # a copy of ours: the caller may mutate theirs
             arr.flags.writeable = False
             self._prompt_array = arr
-        # Per-backend memos keyed by the owner (e.g. a block hasher); see the class docstring.
-        self.memo: dict[Hashable, object] = {}
+        return len(tokens)
+
+    def _tokens(self) -> list[int]:
+        """The token list, building a deferred prompt first."""
+        if self._all_token_ids is None:
+            assert self._make_prompt is not None
+            n = self._set_prompt(self._make_prompt())
+            if n != self._num_prompt_tokens:
+                raise ValueError(
+                    f"request {self.request_id!r}: its deferred prompt has {n} tokens, "
+                    f"{self._num_prompt_tokens} were announced"
+                )
+            self._make_prompt = None
+        return self._all_token_ids  # type: ignore[return-value]
 
     @property
     def all_token_ids(self) -> Sequence[int]:
         """Prompt then output tokens. Read-only view: append through the method below."""
-        return self._all_token_ids
+        return self._tokens()
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        if self._prompt_tuple is None:
+            self._prompt_tuple = tuple(self._tokens()[: self._num_prompt_tokens])
+        return self._prompt_tuple
 
     @property
     def prompt_array(self) -> npt.NDArray[np.int64]:
         """The prompt as a read-only int64 array (built once, on first use)."""
         if self._prompt_array is None:
-            arr = np.array(self.prompt_token_ids, dtype=np.int64)
+            arr = np.array(self._tokens()[: self._num_prompt_tokens], dtype=np.int64)
             arr.flags.writeable = False
             self._prompt_array = arr
         return self._prompt_array
 
     @property
+    def namespace(self) -> tuple[str | None, str | None]:
+        """Equal tokens under another LoRA or salt share nothing, in either backend."""
+        return (self.lora_name, self.cache_salt)
+
+    @property
     def output_token_ids(self) -> Sequence[int]:
-        return self._all_token_ids[len(self.prompt_token_ids) :]
+        return self._tokens()[self._num_prompt_tokens :]
 
     @property
     def num_tokens(self) -> int:
-        return len(self._all_token_ids)
+        tokens = self._all_token_ids
+        return self._num_prompt_tokens if tokens is None else len(tokens)
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        return self._num_prompt_tokens
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self._all_token_ids) - len(self.prompt_token_ids)
+        tokens = self._all_token_ids
+        return 0 if tokens is None else len(tokens) - self._num_prompt_tokens
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        tokens = self._tokens()
         if type(token_ids) is int and token_ids >= 0:  # one decode step: the engine's hot path
-            self._all_token_ids.append(token_ids)
+            tokens.append(token_ids)
             return
         if isinstance(token_ids, int) and not isinstance(token_ids, bool):
             token_ids = (token_ids,)
-        self._all_token_ids.extend(_check_token_ids(token_ids, "output_token_ids"))  # type: ignore[arg-type]
+        tokens.extend(_check_token_ids(token_ids, "output_token_ids"))  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return (

@@ -3,6 +3,8 @@
 A policy only orders the queue; the engine does the admitting (token budget, room in the
 cache, preemption). Policies reach the cache through a ``lookup`` callable (the engine's,
 which times it), never through a backend's internals, so every policy works on every backend.
+The matches a policy took travel on with its schedule: the engine admits with them, never
+looking the same request up again for the same decision (SGLang's ``prefix_computed``).
 
 - ``fcfs``: arrival order, preempted requests first (vLLM's default).
 - ``lpm``: longest cached prefix first, with SGLang's in-batch prefix dedup; FCFS when more
@@ -14,22 +16,20 @@ which times it), never through a backend's internals, so every policy works on e
   no backend internals and gives the same branching; ties between equally heavy children go
   to the one whose first request is earlier in the queue (SGLang: tree insertion order).
 
-``dfs_weight_order`` (a DFS over the trie of the requests' whole token sequences) is the
-offline order of SGLang's Theorem 3.1, used by the scheduling study as the optimum.
 """
 
 from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, NamedTuple
 
-import numpy as np
-
+from prefixcache.interface import Match
 from prefixcache.request import Request
 
-Lookup = Callable[[Request], int]
+Lookup = Callable[[Request], Match]
+NO_MATCHES: Mapping[str, Match] = {}
 
 # SGLang's schedule_policy.py: a request whose cache match is at most CHECK_THRESHOLD tokens is
 # matched against the other waiting requests; sharing at least DEPRIORITIZE_THRESHOLD tokens
@@ -41,7 +41,8 @@ LPM_FALLBACK_QUEUE_LEN = 128
 
 
 class Schedule(NamedTuple):
-    """The waiting queue in admission order, and the ids to hold back this step.
+    """The waiting queue in admission order, the ids to hold back this step, and the matches
+    the policy took (request id -> match), for the engine to admit with.
 
     A held-back request is admitted only in a step where no other request was admitted
     before it, so it never waits forever.
@@ -49,6 +50,7 @@ class Schedule(NamedTuple):
 
     order: list[Request]
     held_back: frozenset[str]
+    matches: Mapping[str, Match] = NO_MATCHES
 
 
 class Scheduler(ABC):
@@ -61,9 +63,6 @@ class Scheduler(ABC):
         """``waiting`` is in queue order (preempted requests at the front, then arrival)."""
 
 
-def _namespace(req: Request) -> tuple[str | None, str | None]:
-    # Equal tokens under another LoRA or salt share nothing, in either backend.
-    return (req.lora_name, req.cache_salt)
 
 
 class FCFS(Scheduler):
@@ -89,7 +88,7 @@ class LongestPrefixMatch(Scheduler):
     def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
         if len(waiting) > self.fallback_queue_len:
             return Schedule(list(waiting), frozenset())
-        hits: dict[str, int] = {}
+        matches: dict[str, Match] = {}
         deprioritized: set[str] = set()
         # SGLang matches against a simulated radix tree of the waiting requests seen so far and
         # only asks whether the match reaches the threshold: a set of first-k-token keys
@@ -97,11 +96,10 @@ class LongestPrefixMatch(Scheduler):
         k = self.deprioritize_threshold
         seen: set[tuple[object, ...]] = set()
         for r in waiting:
-            hit = lookup(r)
-            hits[r.request_id] = hit
-            if hit > self.check_threshold:
+            match = matches[r.request_id] = lookup(r)
+            if match.tokens > self.check_threshold:
                 continue
-            key = (_namespace(r), tuple(r.all_token_ids[:k]))
+            key = (r.namespace, tuple(r.all_token_ids[:k]))
             if r.num_tokens >= k and key in seen:
                 deprioritized.add(r.request_id)
             else:
@@ -109,9 +107,9 @@ class LongestPrefixMatch(Scheduler):
         # Stable sort: equal matches keep queue order (FCFS among equals).
         order = sorted(
             waiting,
-            key=lambda r: (r.request_id in deprioritized, -hits[r.request_id]),
+            key=lambda r: (r.request_id in deprioritized, -matches[r.request_id].tokens),
         )
-        return Schedule(order, frozenset(deprioritized))
+        return Schedule(order, frozenset(deprioritized), matches)
 
 
 class DFSWeight(Scheduler):
@@ -120,12 +118,14 @@ class DFSWeight(Scheduler):
     def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
         if len(waiting) <= 1:
             return Schedule(list(waiting), frozenset())
-        return Schedule(cached_prefix_dfs_order(waiting, [lookup(r) for r in waiting]), frozenset())
+        matches = {r.request_id: lookup(r) for r in waiting}
+        hits = [matches[r.request_id].tokens for r in waiting]
+        return Schedule(cached_prefix_dfs_order(waiting, hits), frozenset(), matches)
 
 
 def cached_prefix_dfs_order(reqs: Sequence[Request], hits: Sequence[int]) -> list[Request]:
     """SGLang's ``_dfs_weight_order`` over the cached part of the tree (see the module doc)."""
-    keys = {i: (_namespace(reqs[i]), *reqs[i].all_token_ids[: hits[i]]) for i in range(len(reqs)) if hits[i]}
+    keys = {i: (reqs[i].namespace, *reqs[i].all_token_ids[: hits[i]]) for i in range(len(reqs)) if hits[i]}
     out: list[int] = []
     # ("visit", indices in queue order sharing key[:depth], depth) or ("emit", indices)
     stack: list[tuple[str, list[int], int]] = [("visit", list(keys), 0)] if keys else []
@@ -144,46 +144,6 @@ def cached_prefix_dfs_order(reqs: Sequence[Request], hits: Sequence[int]) -> lis
         for child in sorted(children.values(), key=lambda g: (-len(g), g[0]), reverse=True):
             stack.append(("visit", child, node_len))  # reversed push: the heaviest pops first
     return [reqs[i] for i in out] + [r for r, h in zip(reqs, hits, strict=True) if not h]
-
-
-def dfs_weight_order(reqs: Sequence[Request]) -> list[Request]:
-    """Depth-first over the token trie of ``reqs``; at each branch the child holding more
-    requests goes first (ties: the one whose earliest request is earlier in the queue)."""
-    # Sorting the sequences makes every trie subtree a contiguous run; adjacent common-prefix
-    # lengths (lcp[i] between items i-1 and i) then give the branch depths.
-    keyed = sorted(range(len(reqs)), key=lambda i: (_namespace(reqs[i]), tuple(reqs[i].all_token_ids)))
-    seqs = [np.asarray(reqs[i].all_token_ids, dtype=np.int64) for i in keyed]
-    lcp = [0] * len(keyed)
-    for i in range(1, len(keyed)):
-        if _namespace(reqs[keyed[i]]) == _namespace(reqs[keyed[i - 1]]):
-            lcp[i] = _common_prefix(seqs[i - 1], seqs[i])
-        else:
-            lcp[i] = -1  # different namespaces split at the root
-
-    out: list[int] = []
-    stack = [(0, len(keyed))]  # subtrees [lo, hi) still to visit; explicit, as chains run deep
-    while stack:
-        lo, hi = stack.pop()
-        if hi - lo == 1:
-            out.append(keyed[lo])
-            continue
-        depth = min(lcp[lo + 1 : hi])
-        runs: list[tuple[int, int]] = []
-        start = lo
-        for i in range(lo + 1, hi):
-            if lcp[i] == depth:
-                runs.append((start, i))
-                start = i
-        runs.append((start, hi))
-        runs.sort(key=lambda run: (-(run[1] - run[0]), min(keyed[run[0] : run[1]])))
-        stack.extend(reversed(runs))  # heaviest child popped first
-    return [reqs[i] for i in out]
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
 
 
 SCHEDULERS: dict[str, type[Scheduler]] = {s.name: s for s in (FCFS, LongestPrefixMatch, DFSWeight)}

@@ -37,7 +37,8 @@ def checked(name: str, capacity_tokens: int = 1024, page_size: int = 16, **optio
 
 def run_to_completion(cache: Any, req: Request) -> int:
     """Admit, prefill in one chunk, commit and release; returns the hit."""
-    assert cache.allocate(req, req.num_tokens - cache.lookup(req))
+    match = cache.lookup(req)
+    assert cache.allocate(req, req.num_tokens - match.tokens, match)
     hit = req.num_computed_tokens
     req.num_computed_tokens = req.num_tokens
     cache.commit(req)

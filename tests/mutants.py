@@ -17,29 +17,29 @@ SUITES = [
     "tests/test_properties_equivalence.py",
     "tests/test_stateful.py",
     "tests/test_oracle_hashchain.py",
-    "tests/test_hashchain_lookup_memo.py",
+    "tests/test_match.py",
     "tests/test_scaling.py",
 ]
 
 # name -> (file, original text, mutated text); every occurrence of the text is mutated
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "hashchain: no n-1 cap": (
-        "backends/hashchain/manager.py",
-        "max_num_blocks = (request.num_tokens - 1) // self.block_size",
-        "max_num_blocks = request.num_tokens // self.block_size",
+        "backends/hashchain/kv_cache_manager.py",
+        "max_cache_hit_length = request.num_tokens - 1",
+        "max_cache_hit_length = request.num_tokens",
     ),
     "radix: no n-1 cap": (
         "backends/radix/backend.py",
-        "return self.tree.match_prefix(request_key(req)[: req.num_tokens - 1]).length",
-        "return self.tree.match_prefix(request_key(req)).length",
+        "m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])",
+        "m = self.tree.match_prefix(request_key(req))",
     ),
     "hashchain: forward-order free": (
-        "backends/hashchain/manager.py",
-        'self.block_pool.free_blocks(reversed(blocks) if self.free_order == "reverse" else blocks)',
+        "backends/hashchain/single_type_kv_cache_manager.py",
+        "self.block_pool.free_blocks(reversed(blocks) if reverse else blocks)",
         "self.block_pool.free_blocks(blocks)",
     ),
     "radix: match stops at the last whole node (drops the part of a split edge)": (
-        "backends/radix/cache.py",
+        "backends/radix/radix_cache.py",
         "            child, n, diverged = step\n            assert child.value is not None",
         "            child, n, diverged = step\n            if diverged:\n                break\n"
         "            assert child.value is not None",
@@ -68,18 +68,24 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "if start == 0 and req.cache_salt is not None:",
         "if False:",
     ),
-    "hashchain: lookup memo kept after a removal": (
-        "backends/hashchain/manager.py",
-        "if memo is not None and memo[0] == hash_map.num_removals:",
-        "if memo is not None:",
+    "interface: a stale match trusted (the version check skipped)": (
+        "prefixcache/interface.py",
+        "        if match.version == self._index_version():\n            return match\n",
+        "        return match\n",
     ),
-    "hashchain: allocation-path evictions not counted as removals": (
+    "hashchain: allocation-path evictions do not move the index version": (
         "backends/hashchain/hash_map.py",
-        "        self.num_removals += evicted\n",
+        "        self.version += evicted\n",
         "",
     ),
+    "radix: an evicted leaf does not move the index version": (
+        "backends/radix/radix_cache.py",
+        '        assert removed is node, f"parent does not file {node} under its child key"\n'
+        "        self.version += 1\n",
+        '        assert removed is node, f"parent does not file {node} under its child key"\n',
+    ),
     "radix: every node collected before each evict (O(cache size), as SGLang's leaf scan)": (
-        "backends/radix/cache.py",
+        "backends/radix/radix_cache.py",
         "        evicted = 0\n        while evicted < num_tokens and self._leaves:",
         "        evicted = 0\n        self.iter_nodes()\n"
         "        while evicted < num_tokens and self._leaves:",
@@ -92,8 +98,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: salt not in the namespace": (
         "backends/radix/backend.py",
-        '(("lora", lora_name), ("cache_salt", cache_salt))',
-        '(("lora", lora_name),)',
+        "return None if req.namespace == (None, None) else req.namespace",
+        "return None if req.lora_name is None else req.lora_name",
     ),
 }
 

@@ -30,7 +30,7 @@ def snapshot(cache) -> tuple:
 
 def test_empty_cache_never_hits(backend: str) -> None:
     cache = checked(backend, 256, PAGE)
-    assert cache.lookup(Request("a", tokens(20))) == 0
+    assert cache.lookup(Request("a", tokens(20))).tokens == 0
 
 
 def test_repeat_prompt_hits_whole_pages_below_last_token(backend: str) -> None:
@@ -38,7 +38,7 @@ def test_repeat_prompt_hits_whole_pages_below_last_token(backend: str) -> None:
     prompt = tokens(23)
     assert run_to_completion(cache, Request("a", prompt)) == 0
     expected = (23 - 1) // PAGE * PAGE if reuses(backend) else 0
-    assert cache.lookup(Request("b", prompt)) == expected
+    assert cache.lookup(Request("b", prompt)).tokens == expected
 
 
 def test_full_prompt_hit_is_capped_at_n_minus_1(backend: str) -> None:
@@ -46,7 +46,7 @@ def test_full_prompt_hit_is_capped_at_n_minus_1(backend: str) -> None:
     prompt = tokens(4 * PAGE)
     run_to_completion(cache, Request("a", prompt))
     b = Request("b", prompt)
-    hit = cache.lookup(b)
+    hit = cache.lookup(b).tokens
     assert hit <= b.num_tokens - 1
     assert hit == (3 * PAGE if reuses(backend) else 0)
 
@@ -56,7 +56,7 @@ def test_first_allocate_sets_computed_tokens_to_hit_and_counts_stats(backend: st
     prompt = tokens(18)
     run_to_completion(cache, Request("a", prompt))
     b = Request("b", prompt + tokens(5, seed=9))
-    hit = cache.lookup(b)
+    hit = cache.lookup(b).tokens
     assert cache.allocate(b, b.num_tokens - hit)
     assert b.num_computed_tokens == hit
     assert (cache.stats.requests, cache.stats.queries, cache.stats.hits) == (2, 18 + 23, hit)
@@ -78,7 +78,7 @@ def test_page_zero_is_never_handed_out_and_live_tables_are_disjoint_beyond_share
     run_to_completion(cache, Request("warm", shared + [7]))
     reqs = [Request(f"r{i}", shared + tokens(2 * PAGE + i, seed=10 + i)) for i in range(4)]
     for r in reqs:
-        assert cache.allocate(r, r.num_tokens - cache.lookup(r))
+        assert cache.allocate(r, r.num_tokens - cache.lookup(r).tokens)
     tables = [cache.page_table(r) for r in reqs]
     for t in tables:
         assert 0 not in t
@@ -118,7 +118,7 @@ def test_release_keeps_kv_as_cache_and_evict_drops_it(backend: str) -> None:
     else:
         assert cache.evict(10 * PAGE) == 0
     assert cache.usage().evictable == 0
-    assert cache.lookup(Request("b", prompt)) == 0
+    assert cache.lookup(Request("b", prompt)).tokens == 0
 
 
 def test_reset_is_refused_while_a_request_is_live(backend: str) -> None:
@@ -133,7 +133,7 @@ def test_reset_is_refused_while_a_request_is_live(backend: str) -> None:
     assert cache.reset() is True
     assert cache.usage().evictable == 0 and cache.usage().in_use == 0
     assert cache.stats.requests == 0
-    assert cache.lookup(Request("c", tokens(5 * PAGE))) == 0
+    assert cache.lookup(Request("c", tokens(5 * PAGE))).tokens == 0
 
 
 def test_preempted_request_is_counted_apart_and_hits_its_own_kv(backend: str) -> None:
@@ -146,7 +146,7 @@ def test_preempted_request_is_counted_apart_and_hits_its_own_kv(backend: str) ->
     cache.release(r)  # preempted: the engine resets computed tokens and counts the preemption
     r.num_computed_tokens = 0
     r.num_preemptions += 1
-    hit = cache.lookup(r)
+    hit = cache.lookup(r).tokens
     assert cache.allocate(r, r.num_tokens - hit)
     assert cache.stats.requests == 1 and cache.stats.preempted_requests == 1
     assert cache.stats.preempted_hits == hit

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import pytest
+from prefixcache.experiments.bounds import dfs_weight_order
 
-from prefixcache import CacheConfig, Request, available_backends, make_cache
-from prefixcache.engine import PLANNED_OUTPUT, Engine, simulated_tokens
-from prefixcache.scheduler import available_schedulers, dfs_weight_order, make_scheduler
+from prefixcache import CacheConfig, Match, Request, available_backends, make_cache
+from prefixcache.engine import Engine
+from prefixcache.scheduler import available_schedulers, make_scheduler
+from prefixcache.synthesis import simulated_tokens
 from tests.helpers import tokens
 
 
@@ -90,13 +93,18 @@ def test_arrivals_are_honoured_and_the_idle_clock_jumps() -> None:
     assert records["early"].finish_step < records["late"].admission_step
 
 
+def matching(hit: Callable[[Request], int]) -> Callable[[Request], Match]:
+    """A policy's lookup whose matches reuse ``hit(r)`` tokens (policies read only that)."""
+    cache = make_cache("none", CacheConfig(64, 4))
+    return lambda r: Match(cache, r, r.num_tokens, hit(r), 0)
+
+
 @pytest.mark.parametrize("backend", REUSING)
 def test_planned_outputs_are_emitted_and_reused_by_the_next_turn(backend: str) -> None:
     cache = make_cache(backend, CacheConfig(64 * PAGE, PAGE))
     engine = InvariantEngine(cache, "fcfs", token_budget=64)
     prompt, answer = tokens(20), tokens(8, seed=5)
-    first = Request("t0", prompt, max_new_tokens=8)
-    first.memo[PLANNED_OUTPUT] = tuple(answer)
+    first = Request("t0", prompt, max_new_tokens=8, planned_output_ids=answer)
     second = Request("t1", prompt + answer + tokens(6, seed=6), arrival_time=10.0, max_new_tokens=1)
     records = engine.run([first, second])
     assert list(first.output_token_ids) == answer
@@ -122,17 +130,17 @@ def test_lpm_holds_back_a_request_sharing_32_tokens_with_an_earlier_waiting_one(
     base = tokens(40, seed=4)
     a, b = Request("a", base + [1]), Request("b", base + [2])
     c = Request("c", tokens(40, seed=8))
-    plan = make_scheduler("lpm").schedule([a, b, c], lambda r: 0)
+    plan = make_scheduler("lpm").schedule([a, b, c], matching(lambda r: 0))
     assert plan.held_back == {"b"}
     assert [r.request_id for r in plan.order] == ["a", "c", "b"]
     short = [Request("x", base[:31] + [1]), Request("y", base[:31] + [2])]
-    assert not make_scheduler("lpm").schedule(short, lambda r: 0).held_back
+    assert not make_scheduler("lpm").schedule(short, matching(lambda r: 0)).held_back
 
 
 def test_lpm_falls_back_to_fcfs_above_128_waiting() -> None:
     reqs = [Request(f"r{i}", tokens(4, seed=i)) for i in range(129)]
     calls = []
-    plan = make_scheduler("lpm").schedule(reqs, lambda r: calls.append(r) or 0)
+    plan = make_scheduler("lpm").schedule(reqs, matching(lambda r: calls.append(r) or 0))
     assert plan.order == reqs and not calls
 
 
@@ -156,7 +164,7 @@ def test_dfs_weight_walks_the_cached_tree_heavier_subtree_first_unmatched_last()
         Request("new1", tokens(6, seed=4)),
     ]
     hits = {"new0": 0, "new1": 0, "y0": 8, "x_node": 4, "x0": 8, "x1": 8}
-    plan = make_scheduler("dfs-weight").schedule(reqs, lambda r: hits[r.request_id])
+    plan = make_scheduler("dfs-weight").schedule(reqs, matching(lambda r: hits[r.request_id]))
     assert [r.request_id for r in plan.order] == ["x0", "x1", "x_node", "y0", "new0", "new1"]
 
 

@@ -55,14 +55,18 @@ def test_null_block_zero_is_popped_at_start_never_free_and_not_counted() -> None
     pool.check_invariants()
 
 
+def get_cached(pool: BlockPool, block_hash: BlockHash, group_ids: list[int]) -> list[KVCacheBlock] | None:
+    return pool.get_cached_block([make_block_hash_with_group_id(block_hash, g) for g in group_ids])
+
+
 def test_get_cached_block_hits_only_if_every_group_hits() -> None:
     pool = BlockPool(6)
     b0, b1 = pool.get_new_blocks(2)
     pool.cache_full_blocks([h(5)], [b0], 0, 1, 4, 0)
     pool.cache_full_blocks([h(5)], [b1], 0, 1, 4, 1)
-    assert pool.get_cached_block(h(5), [0, 1]) == [b0, b1]
-    assert pool.get_cached_block(h(5), [0, 2]) is None
-    assert pool.get_cached_block(h(6), [0]) is None
+    assert get_cached(pool, h(5), [0, 1]) == [b0, b1]
+    assert get_cached(pool, h(5), [0, 2]) is None
+    assert get_cached(pool, h(6), [0]) is None
 
 
 def test_cache_full_blocks_allows_duplicates_under_one_hash() -> None:
@@ -70,7 +74,7 @@ def test_cache_full_blocks_allows_duplicates_under_one_hash() -> None:
     first, second = pool.get_new_blocks(2)
     pool.cache_full_blocks([h(1)], [first], 0, 1, 4, 0)
     pool.cache_full_blocks([h(1)], [second], 0, 1, 4, 0)
-    assert pool.get_cached_block(h(1), [0]) == [first]
+    assert get_cached(pool, h(1), [0]) == [first]
     assert first.block_hash == second.block_hash == key(1)
     pool.check_invariants()
 
@@ -86,13 +90,13 @@ def test_freed_cached_block_stays_a_hit_until_popped_then_loses_its_hash() -> No
     pool, blocks = cached_pool(n=5, chain=3)  # 4 usable: blocks 1..3 cached, 4 free
     pool.free_blocks(reversed(blocks))
     assert free_ids(pool) == [4, 3, 2, 1]
-    assert pool.get_cached_block(h(2), [0]) == [blocks[2]]  # lazy: still a hit
+    assert get_cached(pool, h(2), [0]) == [blocks[2]]  # lazy: still a hit
     assert pool.num_cached_free_blocks == 3
     (fresh,) = pool.get_new_blocks(1)
     assert fresh.block_id == 4 and pool.num_evicted_blocks == 0  # unhashed first
     (reused,) = pool.get_new_blocks(1)
     assert reused is blocks[2] and reused.block_hash is None  # the chain's tail goes first
-    assert pool.get_cached_block(h(2), [0]) is None and pool.get_cached_block(h(1), [0]) is not None
+    assert get_cached(pool, h(2), [0]) is None and get_cached(pool, h(1), [0]) is not None
     assert pool.num_evicted_blocks == 1
     pool.check_invariants()
 
@@ -141,7 +145,7 @@ def test_evict_blocks_drops_hashes_only_and_in_use_blocks_stay_in_use() -> None:
     assert pool.evict_blocks({blocks[1].block_id, blocks[2].block_id, 5}) == 2  # 5 had no hash
     assert blocks[1].ref_cnt == 1 and blocks[1].block_hash is None
     assert blocks[2].block_id in free_ids(pool) and blocks[2].block_hash is None
-    assert pool.get_cached_block(h(0), [0]) == [blocks[0]]
+    assert get_cached(pool, h(0), [0]) == [blocks[0]]
     assert pool.num_cached_free_blocks == 0 and pool.num_evicted_blocks == 2
     with pytest.raises(ValueError, match="outside"):
         pool.evict_blocks({99})
@@ -161,7 +165,7 @@ def test_evict_lru_blocks_drops_hashes_from_the_head_of_the_free_queue() -> None
 def test_reset_prefix_cache_is_refused_while_a_block_is_in_use_then_drops_every_hash() -> None:
     pool, blocks = cached_pool(n=6, chain=2)
     assert pool.reset_prefix_cache() is False
-    assert blocks[0].block_hash == key(0) and pool.get_cached_block(h(1), [0]) == [blocks[1]]
+    assert blocks[0].block_hash == key(0) and get_cached(pool, h(1), [0]) == [blocks[1]]
     pool.free_blocks(blocks)
     assert pool.reset_prefix_cache() is True
     assert all(b.block_hash is None for b in pool.blocks) and len(pool.cached_block_hash_to_block) == 0

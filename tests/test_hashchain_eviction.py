@@ -41,7 +41,7 @@ def test_reuse_evicts_the_tail_of_a_freed_chain_first_so_its_start_survives() ->
     assert free_ids(cache) == [4, 5, 6, 3, 2, 1]
     run_to_completion(cache, Request("c", tokens(16, seed=7)))  # pops 4 5 6 3
     assert cache.stats.evicted_tokens == B  # block 3 lost its hash when reused
-    assert cache.lookup(Request("a2", prompt)) == 8
+    assert cache.lookup(Request("a2", prompt)).tokens == 8
 
 
 def test_forward_free_order_ablation_evicts_the_head_of_the_chain_and_loses_the_prefix() -> None:
@@ -50,7 +50,7 @@ def test_forward_free_order_ablation_evicts_the_head_of_the_chain_and_loses_the_
     run_to_completion(cache, Request("a", prompt))
     assert free_ids(cache) == [4, 5, 6, 1, 2, 3]
     run_to_completion(cache, Request("c", tokens(16, seed=7)))
-    assert cache.lookup(Request("a2", prompt)) == 0  # block 1 went first: the chain is broken
+    assert cache.lookup(Request("a2", prompt)).tokens == 0  # block 1 went first: the chain is broken
 
 
 @pytest.mark.parametrize("unhashed_first, expected_hit", [(True, 8), (False, 4)])
@@ -63,7 +63,7 @@ def test_unhashed_blocks_are_reused_before_cached_ones_unless_the_ablation_turns
     run_to_completion(cache, Request("y", tokens(3, seed=2)))  # block 3, never full
     assert free_ids(cache) == ([3, 4, 2, 1] if unhashed_first else [4, 2, 1, 3])
     run_to_completion(cache, Request("z", tokens(8, seed=3)))  # takes 2 blocks from the head
-    assert cache.lookup(Request("x2", x + [1])) == expected_hit
+    assert cache.lookup(Request("x2", x + [1])).tokens == expected_hit
 
 
 def test_evict_drops_cached_blocks_from_the_lru_end_and_returns_whole_blocks() -> None:
@@ -76,9 +76,10 @@ def test_evict_drops_cached_blocks_from_the_lru_end_and_returns_whole_blocks() -
         cache.commit(r)
         cache.release(r)
     assert cache.evict(1) == B  # rounds up to one block: a's tail
-    assert cache.lookup(Request("a2", a + [0])) == 4 and cache.lookup(Request("b2", b + [0])) == 8
+    assert cache.lookup(Request("a2", a + [0])).tokens == 4
+    assert cache.lookup(Request("b2", b + [0])).tokens == 8
     assert cache.evict(5) == 2 * B  # a's head, then b's tail
-    assert cache.lookup(Request("b3", b + [0])) == 4
+    assert cache.lookup(Request("b3", b + [0])).tokens == 4
     assert cache.evict(100) == B and cache.evict(4) == 0
     assert cache.usage().evictable == 0
     assert cache.stats.evicted_tokens == 16
@@ -89,7 +90,7 @@ def test_evict_never_touches_blocks_in_use() -> None:
     live = Request("live", tokens(12))
     assert cache.allocate(live, 12)
     assert cache.evict(100) == 0
-    assert cache.lookup(Request("twin", tokens(12) + [1])) == 12
+    assert cache.lookup(Request("twin", tokens(12) + [1])).tokens == 12
 
 
 def test_evict_blocks_drops_the_named_cached_blocks_and_counts_them_as_evicted() -> None:
@@ -99,7 +100,7 @@ def test_evict_blocks_drops_the_named_cached_blocks_and_counts_them_as_evicted()
     assert cache.allocate(live, 12)  # 1, 2, 3 cached and in use
     assert cache.evict_blocks({3, 9}) == B  # 9 holds nothing
     assert cache.usage().in_use == 3  # still pinned by live
-    assert cache.lookup(Request("twin", prompt + [1])) == 8
+    assert cache.lookup(Request("twin", prompt + [1])).tokens == 8
     assert cache.stats.evicted_tokens == B
     finish = live
     finish.num_computed_tokens = 12
@@ -114,7 +115,7 @@ def test_reset_drops_every_cached_block_and_the_stats() -> None:
     assert cache.reset() is True
     assert cache.usage() == (15, 0, 0)
     assert all(b.block_hash is None for b in cache.cache.block_pool.blocks)
-    assert cache.lookup(Request("a2", tokens(13))) == 0
+    assert cache.lookup(Request("a2", tokens(13))).tokens == 0
     assert cache.stats.requests == 0 and cache.stats.evicted_tokens == 0
 
 
@@ -126,7 +127,7 @@ def test_preempted_request_is_counted_apart_from_first_admissions() -> None:
     cache.commit(r)
     cache.release(r)
     r.num_computed_tokens, r.num_preemptions = 0, 1
-    assert cache.allocate(r, r.num_tokens - cache.lookup(r))
+    assert cache.allocate(r, r.num_tokens - cache.lookup(r).tokens)
     s = cache.stats
     assert (s.requests, s.queries, s.hits) == (1, 9, 0)
     assert (s.preempted_requests, s.preempted_queries, s.preempted_hits) == (1, 9, 8)
@@ -150,7 +151,7 @@ class HashChainMachine(RuleBasedStateMachine):
     def admit(self, prefix: int, tail: int, chunk: int) -> None:
         self.count += 1
         req = Request(f"r{self.count}", PREFIXES[prefix] + tokens(tail, seed=tail % 3))
-        hit = self.cache.lookup(req)
+        hit = self.cache.lookup(req).tokens
         n = min(chunk, req.num_tokens - hit)
         try:
             ok = self.cache.allocate(req, n)

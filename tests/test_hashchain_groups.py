@@ -10,10 +10,16 @@ import random
 from typing import Any
 
 import pytest
-from prefixcache.backends.hashchain.coordinator import HybridKVCacheManager
-from prefixcache.backends.hashchain.hashing import BlockHash, get_hash_fn
-from prefixcache.backends.hashchain.manager import KVCacheManager
-from prefixcache.backends.hashchain.single_type import AttentionGroupSpec
+from prefixcache.backends.hashchain.hashing import BlockHash, RequestHashes, get_hash_fn
+from prefixcache.backends.hashchain.kv_cache_coordinator import (
+    HybridKVCacheCoordinator,
+    UnitaryKVCacheCoordinator,
+)
+from prefixcache.backends.hashchain.kv_cache_manager import KVCacheManager
+from prefixcache.backends.hashchain.single_type_kv_cache_manager import (
+    AttentionGroupSpec,
+    FullAttentionManager,
+)
 
 from prefixcache import Request
 from prefixcache.interface import InvariantError
@@ -27,15 +33,26 @@ def sw(window: int) -> AttentionGroupSpec:
     return AttentionGroupSpec("sliding_window", window)
 
 
-def hybrid(*groups: AttentionGroupSpec, num_blocks: int = 64) -> HybridKVCacheManager:
-    return HybridKVCacheManager(num_blocks, B, get_hash_fn("sha256"), list(groups))
+def hybrid(*groups: AttentionGroupSpec, num_blocks: int = 64) -> KVCacheManager:
+    return KVCacheManager(num_blocks, B, get_hash_fn("sha256"), list(groups))
 
 
 def fake_hashes(n: int) -> list[BlockHash]:
     return [BlockHash(bytes([i]) * 32) for i in range(n)]
 
 
-def cache_at(manager: HybridKVCacheManager, hashes: list[BlockHash], group_id: int, cached: set[int]) -> None:
+def record(hashes: list[BlockHash]) -> RequestHashes:
+    """A request's hasher record holding exactly these block hashes."""
+    r = RequestHashes()
+    r.hashes.extend(hashes)
+    return r
+
+
+def hit_of(manager: KVCacheManager, hashes: list[BlockHash], max_length: int) -> tuple[Any, int]:
+    return manager.coordinator.find_longest_cache_hit(record(hashes), max_length)
+
+
+def cache_at(manager: KVCacheManager, hashes: list[BlockHash], group_id: int, cached: set[int]) -> None:
     """Register one fresh block per index in ``cached`` under ``hashes[i]`` for ``group_id``."""
     pool = manager.block_pool
     for i in sorted(cached):
@@ -43,9 +60,11 @@ def cache_at(manager: HybridKVCacheManager, hashes: list[BlockHash], group_id: i
         pool.cache_full_blocks(hashes, blocks, i, i + 1, B, group_id)
 
 
-def accepted(manager: HybridKVCacheManager, hashes: list[BlockHash], group_id: int, length: int) -> bool:
+def accepted(manager: KVCacheManager, hashes: list[BlockHash], group_id: int, length: int) -> bool:
     """Brute force: would this group use a hit of exactly ``length`` tokens?"""
-    _, hit = manager.managers[group_id].find_longest_cache_hit(hashes, length, [group_id])
+    _, hit = manager.coordinator.single_type_managers[group_id].find_longest_cache_hit(
+        record(hashes), length, [group_id]
+    )
     return hit == length
 
 
@@ -58,7 +77,7 @@ def test_full_group_stops_at_the_first_miss_even_if_later_blocks_are_cached() ->
     m = hybrid(FULL)
     h = fake_hashes(6)
     cache_at(m, h, 0, {0, 1, 3, 4, 5})
-    (blocks,), hit = m.find_longest_cache_hit(h, 6 * B)
+    (blocks,), hit = hit_of(m, h, 6 * B)
     assert hit == 2 * B and len(blocks) == 2
 
 
@@ -66,7 +85,7 @@ def test_sliding_window_finds_the_rightmost_run_of_cdiv_window_minus_1_blocks_an
     m = hybrid(sw(8))  # cdiv(8 - 1, 4) = 2 contiguous blocks
     h = fake_hashes(6)
     cache_at(m, h, 0, {0, 2, 3, 5})  # from the right: 5 alone, 4 misses, then 3 and 2
-    (blocks,), hit = m.find_longest_cache_hit(h, 6 * B)
+    (blocks,), hit = hit_of(m, h, 6 * B)
     null = m.block_pool.null_block
     assert hit == 4 * B
     assert blocks[:2] == [null, null] and not any(b.is_null for b in blocks[2:])
@@ -79,15 +98,15 @@ def test_sliding_window_needs_a_longer_run_for_a_longer_window() -> None:
     h = fake_hashes(5)
     for mm in (m, m2):
         cache_at(mm, h, 0, {0, 2, 3})
-    assert m.find_longest_cache_hit(h, 5 * B)[1] == 4 * B
-    assert m2.find_longest_cache_hit(h, 5 * B)[1] == 1 * B  # no run of 3: only [0, 1) from the start
+    assert hit_of(m, h, 5 * B)[1] == 4 * B
+    assert hit_of(m2, h, 5 * B)[1] == 1 * B  # no run of 3: only [0, 1) from the start
 
 
 def test_sliding_window_run_from_block_0_shorter_than_the_window_is_a_hit() -> None:
     m = hybrid(sw(12))  # 3 contiguous blocks
     h = fake_hashes(4)
     cache_at(m, h, 0, {0, 1, 3})
-    (blocks,), hit = m.find_longest_cache_hit(h, 4 * B)
+    (blocks,), hit = hit_of(m, h, 4 * B)
     assert hit == 2 * B and not any(b.is_null for b in blocks)
 
 
@@ -97,7 +116,7 @@ def test_fixed_point_shrinks_full_attention_to_what_the_sliding_window_accepts()
     h = fake_hashes(6)
     cache_at(m, h, 0, {0, 1, 2, 3, 4})
     cache_at(m, h, 1, {0, 1, 2, 4})  # window run ending at 5 blocks is broken at block 3
-    (full, window), hit = m.find_longest_cache_hit(h, 5 * B + 3)
+    (full, window), hit = hit_of(m, h, 5 * B + 3)
     assert hit == 3 * B
     assert len(full) == 3 and len(window) == 3 and window[0].is_null
 
@@ -113,7 +132,7 @@ def test_fixed_point_converges_to_the_largest_length_every_group_accepts(seed: i
     for g in range(len(groups)):
         cache_at(m, h, g, {i for i in range(n) if rng.random() < 0.75})
     cap = rng.randrange(1, n * B + 1)
-    blocks, hit = m.find_longest_cache_hit(h, cap)
+    blocks, hit = hit_of(m, h, cap)
     best = max(L for L in range(0, cap + 1, B) if all(accepted(m, h, g, L) for g in range(len(groups))))
     assert hit == best
     assert all(len(group_blocks) == hit // B for group_blocks in blocks)
@@ -124,7 +143,7 @@ def test_groups_of_equal_spec_are_looked_up_jointly() -> None:
     h = fake_hashes(4)
     cache_at(m, h, 0, {0, 1, 2, 3})
     cache_at(m, h, 1, {0, 1, 3})  # group 1 breaks every run of 2 that reaches block 3
-    blocks, hit = m.find_longest_cache_hit(h, 4 * B)
+    blocks, hit = hit_of(m, h, 4 * B)
     assert hit == 2 * B and len(blocks[0]) == len(blocks[1]) == 2
 
 
@@ -142,9 +161,9 @@ def test_a_hit_needs_every_group() -> None:
     a.num_computed_tokens = 16
     cache.commit(a)
     cache.release(a)
-    assert cache.lookup(Request("B", prompt + tokens(4, seed=1))) == 16
+    assert cache.lookup(Request("B", prompt + tokens(4, seed=1))).tokens == 16
     cache.evict_blocks(set(window_ids))  # the full-attention group still has every block
-    assert cache.lookup(Request("C", prompt + tokens(4, seed=1))) == 0
+    assert cache.lookup(Request("C", prompt + tokens(4, seed=1))).tokens == 0
 
 
 def test_hybrid_request_holds_one_block_list_per_group_from_one_shared_pool() -> None:
@@ -207,7 +226,7 @@ def test_check_invariants_covers_every_group() -> None:
     cache = hybrid_cache(32)
     a = Request("A", tokens(16))
     assert cache.allocate(a, 16)
-    window_manager = cache.cache.manager.managers[1]
+    window_manager = cache.cache.manager.coordinator.single_type_managers[1]
     window_manager.req_to_blocks["A"].append(cache.cache.block_pool.blocks[20])
     with pytest.raises(InvariantError):
         cache.cache.check_invariants()
@@ -221,14 +240,17 @@ def test_check_invariants_covers_every_group() -> None:
 def test_default_is_one_full_attention_group_on_the_unitary_manager() -> None:
     for options in ({}, {"attention_groups": [("full",)]}):
         cache = checked("hashchain", 16 * B, B, **options)
-        assert type(cache.cache.manager) is KVCacheManager
+        coordinator = cache.cache.manager.coordinator
+        assert type(coordinator) is UnitaryKVCacheCoordinator
+        assert [type(m) for m in coordinator.single_type_managers] == [FullAttentionManager]
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_hybrid_manager_with_one_full_group_matches_the_default_block_for_block(seed: int) -> None:
+def test_hybrid_coordinator_with_one_full_group_matches_the_unitary_block_for_block(seed: int) -> None:
     rng = random.Random(seed)
     unitary = KVCacheManager(24, B, get_hash_fn("sha256"))
-    one_group = hybrid(FULL, num_blocks=24)
+    one_group = KVCacheManager(24, B, get_hash_fn("sha256"))
+    one_group.coordinator = HybridKVCacheCoordinator([FULL], one_group.block_pool, B)
     live: list[tuple[Request, Request]] = []
     prefixes = [tokens(12, seed=s) for s in range(3)]
     for step in range(60):
@@ -241,12 +263,12 @@ def test_hybrid_manager_with_one_full_group_matches_the_default_block_for_block(
             r1, r2 = Request(f"r{step}", toks), Request(f"r{step}", toks)
             blocks1, hit1 = unitary.get_computed_blocks(r1)
             (blocks2,), hit2 = one_group.get_computed_blocks(r2)
-            assert hit1 == hit2 and ids(blocks1) == ids(blocks2)
+            assert hit1 == hit2 and ids(blocks1[0]) == ids(blocks2)
             got1 = unitary.allocate_slots(r1, len(toks) - hit1, hit1, blocks1)
             got2 = one_group.allocate_slots(r2, len(toks) - hit2, hit2, (blocks2,))
             assert (got1 is None) == (got2 is None)
             if got1 is not None and got2 is not None:
-                assert ids(got1) == ids(got2[0])
+                assert ids(got1[0]) == ids(got2[0])
                 live.append((r1, r2))
         free1 = ids(unitary.block_pool.free_block_queue.get_all_free_blocks())
         free2 = ids(one_group.block_pool.free_block_queue.get_all_free_blocks())
@@ -285,7 +307,7 @@ def test_random_hybrid_workload_keeps_every_invariant(seed: int) -> None:
                 live.remove(r)
         else:
             r = Request(f"r{step}", rng.choice(prefixes)[: rng.randrange(1, 17)] + tokens(3, seed=step))
-            hit = cache.lookup(r)
+            hit = cache.lookup(r).tokens
             if cache.allocate(r, min(rng.randrange(1, 9), r.num_tokens - hit)):
                 assert r.num_computed_tokens == hit
                 live.append(r)

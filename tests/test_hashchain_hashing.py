@@ -18,8 +18,6 @@ from prefixcache.backends.hashchain.hashing import (
     HASH_FUNCTIONS,
     BlockHasher,
     generate_block_hash_extra_keys,
-    get_block_hash,
-    get_group_id,
     get_hash_fn,
     hash_block_tokens,
     init_none_hash,
@@ -180,7 +178,7 @@ def test_block_hash_with_group_id_appends_four_big_endian_bytes() -> None:
     h = hashing.BlockHash(b"\xab" * 32)
     key = make_block_hash_with_group_id(h, 258)
     assert key == h + b"\x00\x00\x01\x02"
-    assert get_block_hash(key) == h and get_group_id(key) == 258
+    assert key[:-4] == h and int.from_bytes(key[-4:], "big") == 258
     assert make_block_hash_with_group_id(h, 0) != make_block_hash_with_group_id(h, 1)
 
 
@@ -210,6 +208,18 @@ def test_block_hash_memo_is_per_hasher_so_block_sizes_do_not_mix() -> None:
     assert len(four) == 4 and len(eight) == 2 and eight[0] != four[1]
 
 
+def test_a_hasher_forgets_a_request_once_nobody_holds_it() -> None:
+    import gc
+
+    hasher = BlockHasher(4, sha256)
+    req = Request("r", tokens(16))
+    hasher.block_hashes(req)
+    assert len(hasher._of) == 1
+    del req
+    gc.collect()
+    assert len(hasher._of) == 0
+
+
 def plain_block_hashes(req: Request, block_size: int, hash_fn: Any) -> list[bytes]:
     """REFERENCE A1 written out: hash_block_tokens over every full block, extra keys and all."""
     out: list[bytes] = []
@@ -232,10 +242,10 @@ def plain_block_hashes(req: Request, block_size: int, hash_fn: Any) -> list[byte
         {"cache_salt": "t", "lora_name": "a"},
     ],
 )
-def test_block_hasher_fast_path_gives_the_plain_definitions_hashes(
+def test_incremental_block_hasher_gives_the_plain_definitions_hashes(
     name: str, options: dict[str, Any]
 ) -> None:
-    """The hasher's inlined loop (no extra keys) must not change a single hash."""
+    """Hashing as the request grows, extra keys only where it has some, changes no hash."""
     fn = get_hash_fn(name)
     for block_size in (1, 3, 4, 16):
         req = Request("r", [0, 255, 256, 65535, 65536, 2**31 - 1, 2**31, *tokens(60)], **options)
@@ -243,5 +253,5 @@ def test_block_hasher_fast_path_gives_the_plain_definitions_hashes(
         hasher.block_hashes(req)  # then grow it and hash incrementally, as decoding does
         req.append_output_token_ids(tokens(2 * block_size + 1, seed=9))
         assert hasher.block_hashes(req) == plain_block_hashes(req, block_size, fn)
-        keys = hasher.block_keys(req, 3)
+        keys = hasher.request_hashes(req).keys(3)
         assert keys == [make_block_hash_with_group_id(h, 3) for h in hasher.block_hashes(req)]

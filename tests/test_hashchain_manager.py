@@ -40,7 +40,7 @@ def test_walkthrough_step0_a_prefills_into_blocks_1_to_4_and_frees_them_reversed
     cache = hc(16)  # usable blocks 1..15
     pool, hasher = cache.cache.block_pool, cache.cache.manager.hasher
     a = Request("A", tokens(16))
-    assert cache.lookup(a) == 0
+    assert cache.lookup(a).tokens == 0
     assert cache.allocate(a, 16)
     assert cache.page_table(a) == [1, 2, 3, 4]  # the article's 5/7/9/11 are illustrative
     h = hasher.block_hashes(a)
@@ -57,7 +57,7 @@ def test_walkthrough_step1_b_hits_12_tokens_revives_blocks_1_to_3_and_gets_block
     prompt = tokens(16)
     run_to_completion(cache, Request("A", prompt))
     b = Request("B", prompt[:12] + tokens(4, seed=20))
-    assert cache.lookup(b) == 12  # max_num_blocks = 15 // 4 = 3, all three hit
+    assert cache.lookup(b).tokens == 12  # max_num_blocks = 15 // 4 = 3, all three hit
     assert cache.allocate(b, 4)
     assert b.num_computed_tokens == 12
     assert cache.page_table(b) == [1, 2, 3, 5]
@@ -76,7 +76,7 @@ def test_walkthrough_step2_a_and_b_share_blocks_while_both_run() -> None:
     a = Request("A", prompt)
     assert cache.allocate(a, 16)
     b = Request("B", prompt[:12] + tokens(4, seed=20))
-    assert cache.lookup(b) == 12  # A's blocks were cached when allocated, before any KV
+    assert cache.lookup(b).tokens == 12  # A's blocks were cached when allocated, before any KV
     assert cache.allocate(b, 4)
     assert cache.page_table(a) == [1, 2, 3, 4] and cache.page_table(b) == [1, 2, 3, 5]
     assert refs(cache, [1, 2, 3, 4, 5]) == [2, 2, 2, 1, 1]
@@ -94,7 +94,7 @@ def test_n_minus_1_cap_hits_k_minus_1_blocks_and_caches_the_recomputed_last_as_a
     prompt = tokens(3 * B)
     run_to_completion(cache, Request("a", prompt))  # blocks 1, 2, 3
     b = Request("b", prompt)
-    assert cache.lookup(b) == 2 * B  # 11 // 4 = 2 blocks, although all 3 are cached
+    assert cache.lookup(b).tokens == 2 * B  # 11 // 4 = 2 blocks, although all 3 are cached
     assert cache.allocate(b, B)
     assert cache.page_table(b) == [1, 2, 4]
     pool = cache.cache.block_pool
@@ -110,7 +110,7 @@ def test_partial_blocks_are_never_cached_and_never_hit() -> None:
     run_to_completion(cache, Request("a", prompt))
     assert cache.cache.block_pool.blocks[3].block_hash is None
     assert free_ids(cache)[0] == 3  # unhashed: prepended, reused first
-    assert cache.lookup(Request("b", prompt + tokens(6, seed=1))) == 8
+    assert cache.lookup(Request("b", prompt + tokens(6, seed=1))).tokens == 8
 
 
 def test_lookup_stops_at_the_first_miss_even_if_later_blocks_are_cached() -> None:
@@ -119,7 +119,7 @@ def test_lookup_stops_at_the_first_miss_even_if_later_blocks_are_cached() -> Non
     run_to_completion(cache, Request("a", prompt))  # blocks 1..4
     assert cache.evict_blocks({2}) == B
     assert cache.cache.block_pool.blocks[3].block_hash is not None  # still cached, unreachable
-    assert cache.lookup(Request("b", prompt + [1])) == B
+    assert cache.lookup(Request("b", prompt + [1])).tokens == B
 
 
 def test_a_change_in_an_early_block_misses_every_later_block_through_the_chain() -> None:
@@ -128,7 +128,7 @@ def test_a_change_in_an_early_block_misses_every_later_block_through_the_chain()
     run_to_completion(cache, Request("a", prompt))
     other = list(prompt)
     other[5] += 1  # block 1 differs; blocks 2, 3 have equal tokens but another parent
-    assert cache.lookup(Request("b", other + [1])) == B
+    assert cache.lookup(Request("b", other + [1])).tokens == B
 
 
 def test_concurrent_chunked_prefills_of_one_prompt_leave_duplicate_blocks_under_one_hash() -> None:
@@ -137,7 +137,7 @@ def test_concurrent_chunked_prefills_of_one_prompt_leave_duplicate_blocks_under_
     a = Request("a", prompt)
     assert cache.allocate(a, 8)  # first chunk: blocks 1, 2
     b = Request("b", prompt)
-    assert cache.lookup(b) == 8
+    assert cache.lookup(b).tokens == 8
     assert cache.allocate(b, 8)
     assert cache.page_table(b) == [1, 2, 3, 4]
     a.num_computed_tokens = 8
@@ -147,7 +147,8 @@ def test_concurrent_chunked_prefills_of_one_prompt_leave_duplicate_blocks_under_
     pool = cache.cache.block_pool
     assert pool.blocks[5].block_hash == pool.blocks[3].block_hash
     assert pool.blocks[6].block_hash == pool.blocks[4].block_hash
-    assert [b.block_id for b in cache.cache.manager.get_computed_blocks(Request("c", prompt + [9]))[0]] == [
+    (hit_blocks,), _ = cache.cache.manager.get_computed_blocks(Request("c", prompt + [9]))
+    assert [b.block_id for b in hit_blocks] == [
         1,
         2,
         3,
@@ -161,7 +162,7 @@ def test_touch_revives_a_freed_cached_block_out_of_the_free_queue() -> None:
     run_to_completion(cache, Request("a", prompt))
     assert cache.usage() == (5, 2, 0) and 1 in free_ids(cache)
     b = Request("b", prompt + [3])
-    assert cache.allocate(b, b.num_tokens - cache.lookup(b))
+    assert cache.allocate(b, b.num_tokens - cache.lookup(b).tokens)
     assert 1 not in free_ids(cache) and 2 not in free_ids(cache)
     assert refs(cache, [1, 2]) == [1, 1] and cache.usage() == (4, 0, 3)
 
@@ -176,7 +177,7 @@ def test_output_tokens_are_cached_so_the_next_turn_hits_them() -> None:
         r.append_output_token_ids(100 + t)
         assert cache.allocate(r, 1)
     finish(cache, r)
-    assert cache.lookup(Request("turn2", list(r.all_token_ids) + tokens(3, seed=4))) == 12
+    assert cache.lookup(Request("turn2", list(r.all_token_ids) + tokens(3, seed=4))).tokens == 12
 
 
 def test_each_block_is_hashed_once_across_lookups_allocations_and_decode() -> None:
@@ -208,7 +209,7 @@ def test_allocate_short_of_room_returns_false_without_touching_the_hit_blocks() 
     b.num_computed_tokens = 7  # stale value left by a caller: must survive the failure
     before = (free_ids(cache), refs(cache, list(range(1, 7))), cache.usage())
     assert before[0] == [5, 6, 2, 1]
-    assert cache.lookup(b) == 8
+    assert cache.lookup(b).tokens == 8
     assert not cache.allocate(b, 9)  # 3 new + 2 hits sitting in the free queue = 5 > 4 free
     assert (free_ids(cache), refs(cache, list(range(1, 7))), cache.usage()) == before
     assert b.num_computed_tokens == 7 and cache.stats.requests == 2
@@ -220,17 +221,17 @@ def test_hit_blocks_count_against_free_space_only_while_nobody_references_them()
     holder = Request("holder", shared + [7])
     assert cache.allocate(holder, 9)  # blocks 1, 2 (cached), 3; free: 4 5 6
     b = Request("b", shared + tokens(12, seed=3))  # 5 blocks: 2 hits already in use + 3 new
-    assert cache.allocate(b, b.num_tokens - cache.lookup(b))
+    assert cache.allocate(b, b.num_tokens - cache.lookup(b).tokens)
     assert cache.page_table(b) == [1, 2, 4, 5, 6]
     cache.release(b)
     cache.release(holder)
     other = Request("other", tokens(8, seed=50))
     assert cache.allocate(other, 8)  # 4 free left, the two hits among them
     b = Request("b2", shared + tokens(9, seed=5))  # 5 blocks: 2 unreferenced hits + 3 new
-    assert cache.lookup(b) == 8
-    assert not cache.allocate(b, b.num_tokens - cache.lookup(b))
+    assert cache.lookup(b).tokens == 8
+    assert not cache.allocate(b, b.num_tokens - cache.lookup(b).tokens)
     b = Request("b3", shared + tokens(8, seed=6))  # 4 blocks: 2 + 2 fits exactly
-    assert cache.allocate(b, b.num_tokens - cache.lookup(b))
+    assert cache.allocate(b, b.num_tokens - cache.lookup(b).tokens)
     assert cache.usage().free == 0 and cache.usage().evictable == 0
 
 
@@ -240,7 +241,7 @@ def test_identical_prompt_admitted_in_the_same_step_already_hits() -> None:
     a = Request("a", prompt)
     assert cache.allocate(a, 13)  # nothing computed or committed yet
     b = Request("b", prompt)
-    assert cache.lookup(b) == 12
+    assert cache.lookup(b).tokens == 12
     assert cache.allocate(b, 1)
     assert cache.page_table(b)[:3] == cache.page_table(a)[:3]
 
@@ -258,7 +259,6 @@ def test_stats_count_each_admission_once_and_lookups_and_extensions_not_at_all()
     assert cache.allocate(b, 1)
     s = cache.stats
     assert (s.requests, s.queries, s.hits) == (2, 12 + 14, 12)
-    assert list(s.recent) == [(12, 0), (14, 12)]
     assert s.preempted_requests == 0
 
 
@@ -267,7 +267,7 @@ def test_common_prefix_blocks_are_the_leading_blocks_every_running_request_refer
     shared = tokens(8)
     reqs = [Request(f"r{i}", shared + tokens(6, seed=i + 1)) for i in range(3)]
     for r in reqs:
-        assert cache.allocate(r, r.num_tokens - cache.lookup(r))
+        assert cache.allocate(r, r.num_tokens - cache.lookup(r).tokens)
     assert [cache.get_num_common_prefix_blocks(r) for r in reqs] == [2, 2, 2]
     stranger = Request("s", tokens(6, seed=99))
     assert cache.allocate(stranger, 6)
@@ -295,5 +295,5 @@ def test_salt_lora_and_multimodal_namespaces_isolate_equal_tokens(first: dict, s
     cache = hc(16)
     prompt = tokens(13)
     run_to_completion(cache, Request("a", prompt, **first))
-    assert cache.lookup(Request("b", prompt, **second)) == 0
-    assert cache.lookup(Request("c", prompt, **first)) == 12
+    assert cache.lookup(Request("b", prompt, **second)).tokens == 0
+    assert cache.lookup(Request("c", prompt, **first)).tokens == 12

@@ -46,7 +46,7 @@ def prefill(
     model: Model, cache: PrefixCache, req: Request, chunk: int | None = None
 ) -> tuple[int, torch.Tensor]:
     """Run ``req``'s prompt through cache and model as the engine would; (hit, last logits [vocab])."""
-    hit = cache.lookup(req)
+    hit = cache.lookup(req).tokens
     n = req.num_tokens - hit if chunk is None else min(chunk, req.num_tokens - hit)
     assert cache.allocate(req, n)
     assert req.num_computed_tokens == hit

@@ -57,7 +57,7 @@ class HashchainMatchesOracle(RuleBasedStateMachine):
         tokens = base[:share] + tuple(suffix)
         self.corpus.append(tokens)
         ours, theirs = self._pair(tokens, ns)
-        hit = self.cache.lookup(ours)
+        hit = self.cache.lookup(ours).tokens
         assert hit == self.oracle.lookup(theirs)
         if self._allocate_both(ours, theirs, hit, min(chunk, ours.num_tokens - hit)):
             self.live[ours.request_id] = (ours, theirs)

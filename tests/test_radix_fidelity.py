@@ -22,7 +22,7 @@ def radix(capacity: int, page: int, **options: object):  # type: ignore[no-untyp
 
 
 def serve(cache, req: Request) -> None:  # type: ignore[no-untyped-def]
-    assert cache.allocate(req, req.num_tokens - cache.lookup(req))
+    assert cache.allocate(req, req.num_tokens - cache.lookup(req).tokens)
     req.num_computed_tokens = cache.reserved_tokens(req)
     cache.commit(req)
 

@@ -90,6 +90,6 @@ def test_request_flow_moves_hit_count_so_lfu_keeps_the_often_used_prefix() -> No
         root = cache.cache.tree.root_node
         assert (root.children[hot[0]].hit_count, root.children[cold[0]].hit_count) == (3, 1)
         cache.evict(20)
-        results[policy] = (cache.lookup(Request("h", hot)), cache.lookup(Request("c", cold)))
+        results[policy] = (cache.lookup(Request("h", hot)).tokens, cache.lookup(Request("c", cold)).tokens)
     assert results["lfu"] == (19, 0), "LFU evicts the once-used prompt"
     assert results["lru"] == (0, 19), "LRU evicts the least recently used prompt"

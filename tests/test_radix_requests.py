@@ -24,7 +24,7 @@ def watch_frees(cache: Any) -> list[list[int]]:
 
         def free(self, pages: Any) -> None:
             pages = [int(p) for p in pages]
-            for rid, live in inner._live_state.items():
+            for rid, live in ((rid, rec.state) for rid, rec in inner._live.items()):
                 assert not set(pages) & set(live.pages), f"freeing pages {rid!r} still points at"
             calls.append(pages)
             super().free(pages)
@@ -61,12 +61,12 @@ def test_commit_moves_the_lock_to_the_new_last_node() -> None:
     r.num_computed_tokens = 10
     cache.commit(r)
     tree = cache.cache.tree
-    first = cache.cache._live_state["r"].last_node
+    first = cache.cache._live["r"].state.last_node
     assert (tree.protected_size(), tree.evictable_size(), first.lock_ref) == (10, 0, 1)
     assert cache.allocate(r, 10)
     r.num_computed_tokens = 20
     cache.commit(r)
-    second = cache.cache._live_state["r"].last_node
+    second = cache.cache._live["r"].state.last_node
     assert second is not first and second.parent is first and second.lock_ref == 1
     assert (tree.protected_size(), tree.evictable_size()) == (20, 0)
     cache.release(r)
@@ -96,7 +96,7 @@ def test_release_caches_whole_pages_and_frees_the_unaligned_tail(page: int) -> N
     cached = r.num_tokens // page * page
     assert cache.cache.tree.total_size() == cached
     assert cache.usage() == (cache.config.num_usable_pages - cached // page, cached // page, 0)
-    assert cache.lookup(Request("again", list(r.all_token_ids) + [1])) == cached
+    assert cache.lookup(Request("again", list(r.all_token_ids) + [1])).tokens == cached
 
 
 @pytest.mark.parametrize("page", [1, 2, 4])
@@ -105,7 +105,7 @@ def test_hits_are_whole_pages_below_the_last_token(page: int) -> None:
     prompt = tokens(7 * page + 1)
     run_to_completion(cache, Request("a", prompt))
     for n in range(2, len(prompt) + 1):
-        assert cache.lookup(Request("q", prompt[:n])) == (n - 1) // page * page
+        assert cache.lookup(Request("q", prompt[:n])).tokens == (n - 1) // page * page
 
 
 def test_release_after_decode_caches_prompt_and_output() -> None:
@@ -120,7 +120,7 @@ def test_release_after_decode_caches_prompt_and_output() -> None:
     r.num_computed_tokens = r.num_tokens  # 12 tokens with KV
     cache.release(r)
     follow_up = Request("turn2", list(r.all_token_ids) + [5, 6])
-    assert cache.lookup(follow_up) == 12
+    assert cache.lookup(follow_up).tokens == 12
 
 
 def test_allocate_evicts_unpinned_leaves_when_the_pool_is_short() -> None:
@@ -129,7 +129,7 @@ def test_allocate_evicts_unpinned_leaves_when_the_pool_is_short() -> None:
     new = Request("new", tokens(20, seed=2))
     assert cache.allocate(new, 20)
     assert cache.stats.evicted_tokens == 20  # the whole old leaf, though 8 would do
-    assert cache.lookup(Request("o", tokens(20, seed=1))) == 0
+    assert cache.lookup(Request("o", tokens(20, seed=1))).tokens == 0
 
 
 def test_allocate_never_evicts_its_own_hit_and_fails_cleanly() -> None:
@@ -143,20 +143,20 @@ def test_allocate_never_evicts_its_own_hit_and_fails_cleanly() -> None:
     assert not cache.allocate(r, 13)
     assert (cache.usage(), cache.stats.requests) == before and not cache.is_live(r)
     assert cache.cache.tree.protected_size() == 0
-    assert cache.lookup(Request("w", shared)) == 19
+    assert cache.lookup(Request("w", shared)).tokens == 19
 
 
 def test_lora_and_salt_namespaces_are_isolated_even_with_the_same_string() -> None:
     cache = checked("radix", 512, 1)
     prompt = tokens(20)
     run_to_completion(cache, Request("lora", prompt, lora_name="x"))
-    assert cache.lookup(Request("plain", prompt)) == 0
-    assert cache.lookup(Request("salt", prompt, cache_salt="x")) == 0
-    assert cache.lookup(Request("other-lora", prompt, lora_name="y")) == 0
-    assert cache.lookup(Request("same-lora", prompt, lora_name="x")) == 19
+    assert cache.lookup(Request("plain", prompt)).tokens == 0
+    assert cache.lookup(Request("salt", prompt, cache_salt="x")).tokens == 0
+    assert cache.lookup(Request("other-lora", prompt, lora_name="y")).tokens == 0
+    assert cache.lookup(Request("same-lora", prompt, lora_name="x")).tokens == 19
     run_to_completion(cache, Request("both", prompt, lora_name="x", cache_salt="s"))
-    assert cache.lookup(Request("both2", prompt, lora_name="x", cache_salt="s")) == 19
-    assert cache.lookup(Request("salt-only", prompt, cache_salt="s")) == 0
+    assert cache.lookup(Request("both2", prompt, lora_name="x", cache_salt="s")).tokens == 19
+    assert cache.lookup(Request("salt-only", prompt, cache_salt="s")).tokens == 0
     assert request_key(Request("k", prompt, lora_name="x")).extra_key != request_key(
         Request("k", prompt, cache_salt="x")
     ).extra_key
@@ -166,9 +166,9 @@ def test_multimodal_spans_enter_the_key_and_never_collide_with_token_ids() -> No
     cache = checked("radix", 512, 1)
     prompt = tokens(10) + [0] * 8 + tokens(10, seed=3)  # 8 placeholder tokens at offset 10
     run_to_completion(cache, Request("img1", prompt, mm_hashes=[("cat.png", 10, 8)]))
-    assert cache.lookup(Request("same", prompt, mm_hashes=[("cat.png", 10, 8)])) == 27
-    assert cache.lookup(Request("other", prompt, mm_hashes=[("dog.png", 10, 8)])) == 10
-    assert cache.lookup(Request("text", prompt)) == 10
+    assert cache.lookup(Request("same", prompt, mm_hashes=[("cat.png", 10, 8)])).tokens == 27
+    assert cache.lookup(Request("other", prompt, mm_hashes=[("dog.png", 10, 8)])).tokens == 10
+    assert cache.lookup(Request("text", prompt)).tokens == 10
     key = request_key(Request("k", prompt, mm_hashes=[("cat.png", 10, 8)])).token_ids
     assert (key[10:18] >= MM_VALUE_BASE).all() and len(set(key[10:18].tolist())) == 8
     assert (key[:10] < MM_VALUE_BASE).all()
@@ -184,7 +184,7 @@ def test_disabled_cache_never_hits_and_returns_every_page() -> None:
     cache = checked("radix", 256, 4, disable=True)
     prompt = tokens(30)
     run_to_completion(cache, Request("a", prompt))
-    assert cache.lookup(Request("b", prompt)) == 0
+    assert cache.lookup(Request("b", prompt)).tokens == 0
     assert cache.usage() == (cache.config.num_usable_pages, 0, 0)
     assert cache.evict(100) == 0 and cache.cache.tree.total_size() == 0
 
@@ -197,7 +197,7 @@ def test_preempted_request_rehits_its_own_committed_pages() -> None:
     cache.commit(r)  # 12 tokens in the tree
     cache.release(r)
     r.num_computed_tokens, r.num_preemptions = 0, 1
-    assert cache.lookup(r) == 12
+    assert cache.lookup(r).tokens == 12
     assert cache.allocate(r, 9) and r.num_computed_tokens == 12
 
 
@@ -226,6 +226,6 @@ def test_decode_commits_publish_nothing_until_release_as_sglang() -> None:
         r.num_computed_tokens += 1
         cache.commit(r)
     probe = list(r.all_token_ids) + [99]
-    assert cache.lookup(Request("probe", probe)) == 10  # the prompt only
+    assert cache.lookup(Request("probe", probe)).tokens == 10  # the prompt only
     cache.release(r)
-    assert cache.lookup(Request("probe2", probe)) == 15  # prompt and output
+    assert cache.lookup(Request("probe2", probe)).tokens == 15  # prompt and output

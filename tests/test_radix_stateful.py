@@ -139,7 +139,7 @@ class RequestsMachine(RuleBasedStateMachine):
     def admit(self, prompt: list[int], chunk: int) -> None:
         self.count += 1
         r = Request(f"r{self.count}", prompt)
-        hit = self.cache.lookup(r)
+        hit = self.cache.lookup(r).tokens
         if self.cache.allocate(r, min(chunk, r.num_tokens - hit)):
             self.live.append(r)
 

@@ -8,7 +8,9 @@ tokens 0..p). After every step:
 * ``check_invariants()`` holds;
 * every live request's computed positions still hold its own KV (pinned pages are never
   evicted, reused or overwritten);
-* every hit hands back slots holding exactly the request's own prefix: no data lost or corrupted.
+* every hit hands back slots holding exactly the request's own prefix: no data lost or corrupted,
+  also when the match was taken many steps before the allocate that consumes it (evictions,
+  resets and other requests' admissions in between: the match is revalidated, never trusted).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class CacheLifecycle(RuleBasedStateMachine):
     capacity_pages = 12
 
     waiting = Bundle("waiting")
+    matched = Bundle("matched")  # (a waiting request, the match taken for it back then)
 
     @initialize(seed=st.integers(0, 2**16))
     def setup(self, seed: int) -> None:
@@ -108,18 +111,46 @@ class CacheLifecycle(RuleBasedStateMachine):
 
     @rule(target=waiting, req=consumes(waiting), chunk=st.integers(1, 64))
     def admit(self, req: Request, chunk: int):  # -> what goes back to the waiting queue
-        hit = self.cache.lookup(req)
+        match = self.cache.lookup(req)
+        hit = match.tokens
         assert 0 <= hit <= req.num_tokens - 1
         n = min(chunk, req.num_tokens - hit)
         if -(-(hit + n) // self.page_size) > self.capacity_pages - 1:
             return multiple()  # can never fit: dropped (the contract tests check its ValueError)
         before = self._snapshot()
-        if not self.cache.allocate(req, n):
+        if not self.cache.allocate(req, n, match):
             assert self._snapshot() == before, "a failed allocate changed the cache"
             assert not self.cache.is_live(req)
             return multiple(req)  # stays waiting
         assert req.num_computed_tokens == hit
         self.shadow.check(self.cache, req, hit, "hit")
+        self._compute(req, n)
+        self.live_reqs[req.request_id] = req
+        return multiple()
+
+    @rule(target=matched, req=consumes(waiting))
+    def look_up(self, req: Request):  # -> the request waits on with its match
+        return multiple((req, self.cache.lookup(req)))
+
+    @rule(target=waiting, item=consumes(matched), chunk=st.integers(1, 64))
+    def admit_with_match(self, item: tuple, chunk: int):  # -> what goes back to the waiting queue
+        """Admit with a match taken rules ago: whatever changed since, the pages it pins hold
+        exactly the request's own prefix."""
+        req, match = item
+        current = self.cache.revalidate(match)
+        fresh = self.cache.lookup(req).tokens
+        assert current.tokens <= fresh
+        if self.backend == "hashchain":
+            assert current.tokens == fresh, "a revalidated hashchain match differs from a fresh lookup"
+        n = min(chunk, req.num_tokens - current.tokens)
+        if -(-(current.tokens + n) // self.page_size) > self.capacity_pages - 1:
+            return multiple()  # can never fit
+        before = self._snapshot()
+        if not self.cache.allocate(req, n, match):
+            assert self._snapshot() == before, "a failed allocate changed the cache"
+            return multiple(req)
+        assert req.num_computed_tokens == current.tokens
+        self.shadow.check(self.cache, req, current.tokens, "hit of a stale match")
         self._compute(req, n)
         self.live_reqs[req.request_id] = req
         return multiple()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from prefixcache.experiments.workloads import available_workloads, make_workload
 
-from prefixcache.engine import PLANNED_OUTPUT
-
 
 @pytest.mark.parametrize("name", available_workloads())
 def test_workload_is_deterministic_for_a_seed_and_changes_with_it(name: str) -> None:
@@ -22,7 +20,7 @@ def test_multi_turn_chat_turn_repeats_previous_prompt_and_answer() -> None:
     w = make_workload("multi-turn-chat", conversations=1, turns=3, question_len=5, answer_len=4)
     reqs = w.generate()
     for prev, cur in zip(reqs, reqs[1:], strict=False):
-        context = prev.prompt_token_ids + prev.memo[PLANNED_OUTPUT]
+        context = prev.prompt_token_ids + prev.planned_output_ids
         assert cur.prompt_token_ids[: len(context)] == context
         assert cur.num_prompt_tokens == len(context) + 5
         assert cur.arrival_time > prev.arrival_time

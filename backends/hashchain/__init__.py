@@ -1,10 +1,12 @@
 """vLLM v1 automatic prefix caching: chained block hashes, a block pool and an LRU free queue.
 
-Files follow the article's layers: hashing (hash_block_tokens, NONE_HASH, extra keys), block
-(KVCacheBlock), free_queue (FreeKVCacheBlockQueue), block_pool (BlockPool), manager
-(KVCacheManager), cache (the PrefixCache adapter).
+Files follow the article's layers, named as vLLM names them: hashing (hash_block_tokens,
+NONE_HASH, extra keys, BlockHasher), block (KVCacheBlock), free_queue (FreeKVCacheBlockQueue),
+hash_map and block_pool (BlockPool), single_type_kv_cache_manager (FullAttentionManager,
+SlidingWindowManager), kv_cache_coordinator (Unitary / Hybrid), kv_cache_manager
+(KVCacheManager), and backend (HashChainCache, the PrefixCache adapter).
 """
 
-from prefixcache.backends.hashchain.cache import HashChainCache
+from prefixcache.backends.hashchain.backend import HashChainCache
 
 __all__ = ["HashChainCache"]

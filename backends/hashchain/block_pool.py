@@ -32,13 +32,12 @@ class BlockPool:
     go to the head of the free queue instead of the tail.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True, unhashed_first: bool = True) -> None:
+    def __init__(self, num_gpu_blocks: int, unhashed_first: bool = True) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(
                 f"a BlockPool needs at least 2 blocks (block 0 is the null block), got {num_gpu_blocks}"
             )
         self.num_gpu_blocks = num_gpu_blocks
-        self.enable_caching = enable_caching
         self.unhashed_first = unhashed_first
         self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
@@ -51,15 +50,14 @@ class BlockPool:
         self.num_evicted_blocks = 0  # hashes dropped by eviction (lazy, evict_blocks, LRU evict)
 
     # ---------------------------------------------------------------- lookups
-    def get_cached_block(
-        self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]
-    ) -> list[KVCacheBlock] | None:
-        """One cached block per group, or None unless every group hits."""
+    def get_cached_block(self, keys: Sequence[BlockHashWithGroupId]) -> list[KVCacheBlock] | None:
+        """One cached block per key (one key per group), or None unless every group hits.
+
+        vLLM takes the block hash and the group ids; we take the keys, which a request's
+        hasher record builds once (``RequestHashes.keys``)."""
         out: list[KVCacheBlock] = []
-        for group_id in kv_cache_group_ids:
-            block = self.cached_block_hash_to_block.get_one_block(
-                make_block_hash_with_group_id(block_hash, group_id)
-            )
+        for key in keys:
+            block = self.cached_block_hash_to_block.get_one_block(key)
             if block is None:
                 return None
             out.append(block)
@@ -67,11 +65,6 @@ class BlockPool:
 
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks
-
-    def get_usage(self) -> float:
-        """Fraction of usable blocks in use (vLLM's KV-cache usage metric)."""
-        usable = self.num_gpu_blocks - 1
-        return 1.0 - self.get_num_free_blocks() / usable
 
     # ---------------------------------------------------------------- state changes
     def cache_full_blocks(
@@ -91,18 +84,14 @@ class BlockPool:
             return
         if len(block_hashes) < num_full_blocks:
             raise ValueError(f"{num_full_blocks} full blocks but only {len(block_hashes)} block hashes")
-        # make_block_hash_with_group_id inlined: one bytes concatenation per block.
-        suffix = kv_cache_group_id.to_bytes(4, "big", signed=False)
         new_blocks: list[KVCacheBlock] = []
         keys: list[BlockHashWithGroupId] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:  # sliding-window placeholder: nothing to cache
                 continue
-            if block._block_hash is not None:  # the block_hash setter's check, inlined
-                raise ValueError(f"block {block.block_id} already has a hash; reset_hash() it first")
-            key: BlockHashWithGroupId = block_hashes[i] + suffix  # type: ignore[assignment]
-            block._block_hash = key
+            key = make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id)
+            block.block_hash = key  # raises if it has one
             new_blocks.append(block)
             keys.append(key)
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
@@ -130,7 +119,7 @@ class BlockPool:
                 continue
             if block.ref_cnt == 0:
                 queue.remove(block)
-                if block._block_hash is not None:
+                if block.block_hash is not None:
                     self.num_cached_free_blocks -= 1
             block.ref_cnt += 1
 
@@ -153,14 +142,14 @@ class BlockPool:
         if not released:
             return
         if self.unhashed_first:
-            with_hash = [b for b in released if b._block_hash is not None]
+            with_hash = [b for b in released if b.block_hash is not None]
             self.num_cached_free_blocks += len(with_hash)
             if len(with_hash) < len(released):
-                self.free_block_queue.prepend_n([b for b in released if b._block_hash is None])
+                self.free_block_queue.prepend_n([b for b in released if b.block_hash is None])
             self.free_block_queue.append_n(with_hash)
         else:
             # Ablation: one LRU queue in the given order, hashed or not.
-            self.num_cached_free_blocks += sum(1 for b in released if b._block_hash is not None)
+            self.num_cached_free_blocks += sum(1 for b in released if b.block_hash is not None)
             self.free_block_queue.append_n(released)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NewType
 
@@ -118,16 +119,13 @@ def hash_block_tokens(
     return BlockHash(hash_fn((parent_block_hash, tuple(curr_block_token_ids), extra_keys)))
 
 
+def group_id_suffix(group_id: int) -> bytes:
+    """The 4-byte big-endian group id that ends every hash-map key (the one encoding of it)."""
+    return group_id.to_bytes(4, "big", signed=False)
+
+
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
-    return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big", signed=False))
-
-
-def get_block_hash(key: BlockHashWithGroupId) -> BlockHash:
-    return BlockHash(key[:-4])
-
-
-def get_group_id(key: BlockHashWithGroupId) -> int:
-    return int.from_bytes(key[-4:], "big", signed=False)
+    return BlockHashWithGroupId(block_hash + group_id_suffix(group_id))
 
 
 def generate_block_hash_extra_keys(req: Request, start: int, end: int) -> tuple[Any, ...] | None:
@@ -151,65 +149,59 @@ def generate_block_hash_extra_keys(req: Request, start: int, end: int) -> tuple[
     return tuple(keys) if keys else None
 
 
-class BlockHasher:
-    """vLLM's ``request_block_hasher``: appends the hashes of newly full blocks to a request.
+class RequestHashes:
+    """One request's block hashes, and the hash-map keys built from them per group."""
 
-    The list lives in ``req.memo[self]``; one hasher per cache, so two caches with different
-    hash functions or block sizes never share a memo.
+    __slots__ = ("hashes", "_keys")
+
+    def __init__(self) -> None:
+        self.hashes: list[BlockHash] = []
+        self._keys: dict[int, list[BlockHashWithGroupId]] = {}
+
+    def keys(self, group_id: int) -> list[BlockHashWithGroupId]:
+        """The keys of group ``group_id`` for every hash so far (each key is built once)."""
+        keys = self._keys.setdefault(group_id, [])
+        if len(keys) < len(self.hashes):
+            keys += [make_block_hash_with_group_id(h, group_id) for h in self.hashes[len(keys) :]]
+        return keys
+
+
+class BlockHasher:
+    """vLLM's ``request_block_hasher``: hashes each request's newly full blocks, once.
+
+    vLLM keeps the list on its Request; ours is shared by caches of other block sizes and hash
+    functions, so the hasher owns it, weakly keyed by the request: it lives while the request
+    does and is never looked up by a cache it does not belong to.
     """
 
-    __slots__ = ("block_size", "hash_fn", "none_hash")
+    __slots__ = ("block_size", "hash_fn", "none_hash", "_of")
 
     def __init__(self, block_size: int, hash_fn: HashFn) -> None:
         self.block_size = block_size
         self.hash_fn = hash_fn
         self.none_hash = none_hash(hash_fn)
+        self._of: weakref.WeakKeyDictionary[Request, RequestHashes] = weakref.WeakKeyDictionary()
 
-    def block_hashes(self, req: Request) -> list[BlockHash]:
-        """Hashes of all full blocks of ``req`` (memoised; only new full blocks are hashed)."""
-        hashes: list[BlockHash] | None = req.memo.get(self)  # type: ignore[assignment]
-        if hashes is None:
-            hashes = []
-            req.memo[self] = hashes
+    def request_hashes(self, req: Request) -> RequestHashes:
+        """``req``'s hashes of all its full blocks (only blocks full since the last call are hashed)."""
+        record = self._of.get(req)
+        if record is None:
+            record = self._of[req] = RequestHashes()
+        hashes = record.hashes
         size = self.block_size
         start = len(hashes) * size
-        num_tokens = req.num_tokens
-        if start + size > num_tokens:
-            return hashes
+        if start + size > req.num_tokens:
+            return record
         tokens = req.all_token_ids
         parent = hashes[-1] if hashes else self.none_hash
-        hash_fn = self.hash_fn
-        if req.lora_name is None and not req.mm_hashes:
-            if start == 0 and req.cache_salt is not None:  # the salt keys the first block only
-                parent = hash_block_tokens(hash_fn, parent, tokens[:size], (("cache_salt", req.cache_salt),))
-                hashes.append(parent)
-                start = size
-            # No extra keys: hash_block_tokens(hash_fn, parent, block, None) inlined, one
-            # Python call per block (the hash function) instead of three; zip cuts the new
-            # full blocks into token tuples in C.
-            end = start + (num_tokens - start) // size * size
-            it = iter(tokens[start:end])
-            for block in zip(*[it] * size, strict=True):  # end - start is a multiple of size
-                parent = hash_fn((parent, block, None))  # type: ignore[assignment]
-                hashes.append(parent)
-            return hashes
-        while start + size <= num_tokens:
-            extra = generate_block_hash_extra_keys(req, start, start + size)
-            parent = hash_block_tokens(hash_fn, parent, tokens[start : start + size], extra)
+        needs_extra_keys = req.lora_name is not None or req.mm_hashes or req.cache_salt is not None
+        while start + size <= req.num_tokens:
+            end = start + size
+            extra = generate_block_hash_extra_keys(req, start, end) if needs_extra_keys else None
+            parent = hash_block_tokens(self.hash_fn, parent, tokens[start:end], extra)
             hashes.append(parent)
-            start += size
-        return hashes
+            start = end
+        return record
 
-    def block_keys(self, req: Request, group_id: int = 0) -> list[BlockHashWithGroupId]:
-        """``block_hashes`` with ``group_id`` appended: the hash-map keys, memoised beside the
-        hashes so a lookup builds no key (each key is made once per request)."""
-        hashes = self.block_hashes(req)
-        memo_key = (self, group_id)
-        keys: list[BlockHashWithGroupId] | None = req.memo.get(memo_key)  # type: ignore[assignment]
-        if keys is None:
-            keys = []
-            req.memo[memo_key] = keys
-        if len(keys) < len(hashes):
-            suffix = group_id.to_bytes(4, "big", signed=False)  # as make_block_hash_with_group_id
-            keys += [h + suffix for h in hashes[len(keys) :]]  # type: ignore[misc]
-        return keys
+    def block_hashes(self, req: Request) -> list[BlockHash]:
+        return self.request_hashes(req).hashes

@@ -1,9 +1,9 @@
 """SGLang's RadixCache (python/sglang/srt/mem_cache/radix_cache.py), 0.5.23 semantics."""
 
-from prefixcache.backends.radix.backend import RadixPrefixCache, mm_values, namespace, request_key
-from prefixcache.backends.radix.cache import MatchResult, RadixCache
+from prefixcache.backends.radix.backend import RadixPrefixCache, extra_key, mm_values, request_key
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.policies import POLICIES, make_policy
+from prefixcache.backends.radix.radix_cache import MatchResult, RadixCache
 from prefixcache.backends.radix.tree import TreeNode
 
 __all__ = [
@@ -15,6 +15,6 @@ __all__ = [
     "TreeNode",
     "make_policy",
     "mm_values",
-    "namespace",
+    "extra_key",
     "request_key",
 ]

@@ -27,14 +27,15 @@ import hashlib
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
-from prefixcache.backends.radix.cache import RadixCache
 from prefixcache.backends.radix.key import RadixKey, TokenArray
+from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import PageUsage, PrefixCache, ensure
+from prefixcache.interface import Match, PageUsage, PrefixCache, ensure
 from prefixcache.pool import PageIds, PagePool, PageTable
 from prefixcache.request import Request
 
@@ -44,10 +45,9 @@ MM_VALUE_BASE = 1 << 40
 _MM_VALUE_SPAN = 1 << 61  # MM_VALUE_BASE + _MM_VALUE_SPAN < 2**63: fits int64
 
 
-def namespace(lora_name: str | None, cache_salt: str | None) -> Hashable | None:
-    """The request's extra_key, tagged so a LoRA name and a salt with one string differ."""
-    parts = tuple((tag, v) for tag, v in (("lora", lora_name), ("cache_salt", cache_salt)) if v is not None)
-    return parts or None
+def extra_key(req: Request) -> Hashable | None:
+    """SGLang's extra_key: the request's namespace (LoRA, salt), None when it has neither."""
+    return None if req.namespace == (None, None) else req.namespace
 
 
 def mm_values(identifier: str, length: int) -> TokenArray:
@@ -66,19 +66,24 @@ def _token_array(token_ids: object, req: Request) -> TokenArray:
 def request_key(req: Request) -> RadixKey:
     """RadixKey of all of ``req``'s tokens (multimodal spans substituted), in its namespace.
 
-    Memoised on the request: tokens are append-only, so only new output tokens are converted.
+    Built from the request's int64 prompt array (kept on the request) and its output tokens.
     """
-    arr = req.memo.get("radix_key")
-    if not isinstance(arr, np.ndarray):
-        arr = _token_array(req.prompt_array, req)
-        if req.mm_hashes:
-            arr = arr.copy()  # the request's prompt array is read-only and stays unsubstituted
-        for span in req.mm_hashes:
-            arr[span.offset : span.offset + span.length] = mm_values(span.identifier, span.length)
-    if len(arr) < req.num_tokens:
-        arr = np.concatenate([arr, _token_array(req.all_token_ids[len(arr) :], req)])
-    req.memo["radix_key"] = arr
-    return RadixKey(arr, namespace(req.lora_name, req.cache_salt))
+    arr = _token_array(req.prompt_array, req)
+    if req.mm_hashes:
+        arr = arr.copy()  # the request's prompt array is read-only and stays unsubstituted
+    for span in req.mm_hashes:
+        arr[span.offset : span.offset + span.length] = mm_values(span.identifier, span.length)
+    if req.num_output_tokens:
+        arr = np.concatenate([arr, _token_array(req.output_token_ids, req)])
+    return RadixKey(arr, extra_key(req))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TreeMatch(Match):
+    """``match_prefix``'s result for one request (SGLang keeps it on the ``Req``)."""
+
+    indices: SlotArray  # KV slots of the matched tokens, in token order
+    last_node: TreeNode  # deepest node of the match (the root for none)
 
 
 @dataclass(slots=True)
@@ -93,7 +98,7 @@ class _Live:
     decoding: bool = False  # the last allocation was a decode step: no checkpoint after it
 
 
-class RadixPrefixCache(PrefixCache):
+class RadixPrefixCache(PrefixCache[_Live]):
     name = "radix"
 
     def __init__(
@@ -117,7 +122,6 @@ class RadixPrefixCache(PrefixCache):
             free_slots=self._free_slots,
             clock=clock,
         )
-        self._live_state: dict[str, _Live] = {}
 
     # ------------------------------------------------------------------ pages <-> slots
     def _slots(self, pages: PageIds) -> SlotArray:
@@ -163,30 +167,48 @@ class RadixPrefixCache(PrefixCache):
         return num_tokens + p, num_tokens // p + 2
 
     # ------------------------------------------------------------------ hooks
-    def _lookup(self, req: Request) -> int:
-        return self.tree.match_prefix(request_key(req)[: req.num_tokens - 1]).length
+    def _match(self, req: Request) -> TreeMatch:
+        m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
+        return TreeMatch(self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node)
 
-    def _admit(self, req: Request, num_new_tokens: int) -> bool:
-        self._check_fits(req, num_new_tokens)  # the "never fits" error wins over the hit-dependent one
-        match = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
-        total = match.length + num_new_tokens
-        self._check_fits(req, total)
-        self.tree.inc_lock_ref(match.last_node)  # first, so making room cannot evict our hit
-        need = -(-total // self.page_size) - match.length // self.page_size
+    def _index_version(self) -> int:
+        return self.tree.version
+
+    def _revalidate(self, match: Match) -> TreeMatch:
+        """Eviction takes leaves first, so the deepest node of the match that still holds its
+        KV ends the part of the match that still holds; a reset leaves none. Added nodes do
+        not extend it: SGLang admits with the match its scheduler took."""
+        m = cast(TreeMatch, match)
+        node = m.last_node
+        while node.evicted:
+            assert node.parent is not None
+            node = node.parent
+        length, top = 0, node
+        while top.parent is not None:
+            length += len(top.key)
+            top = top.parent
+        if top is not self.tree.root_node:  # reset since: the whole old tree is gone
+            node, length = self.tree.root_node, 0
+        indices = m.indices[:length] if length else EMPTY_SLOTS
+        return TreeMatch(self, m.request, m.num_tokens, length, self.tree.version, indices, node)
+
+    def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _Live | None:
+        m = cast(TreeMatch, match)
+        total = m.tokens + num_new_tokens
+        self.tree.inc_lock_ref(m.last_node)  # first, so making room cannot evict our hit
+        need = -(-total // self.page_size) - m.tokens // self.page_size
         demand, merge_if_over = self._demand(num_new_tokens, decode=False)
         if not self._make_room(need, demand):
-            self.tree.dec_lock_ref(match.last_node)
-            return False
+            self.tree.dec_lock_ref(m.last_node)
+            return None
         new_pages = self.pool.alloc(need, merge_if_over=merge_if_over)
         assert new_pages is not None
         # [0, hit) tree pages (locked) | [hit, total) our own pages
-        pages = PageTable(np.concatenate([self._pages_of(match.indices), new_pages]))
-        self._live_state[req.request_id] = _Live(pages, match.length, match.last_node, 0, req.num_tokens)
-        self._admitted(req, match.length)
-        return True
+        pages = PageTable(np.concatenate([self._pages_of(m.indices), new_pages]))
+        return _Live(pages, m.tokens, m.last_node, 0, req.num_tokens)
 
-    def _extend(self, req: Request, total_tokens: int) -> bool:
-        live = self._live_state[req.request_id]
+    def _extend(self, req: Request, state: _Live, total_tokens: int) -> bool:
+        live = state
         decoding = req.num_computed_tokens >= live.prefill_end  # past what it was admitted with
         num_tokens = total_tokens - self.reserved_tokens(req)
         if num_tokens <= 0:
@@ -234,20 +256,20 @@ class RadixPrefixCache(PrefixCache):
         self.tree.inc_lock_ref(match.last_node)
         live.last_node, live.protected = match.last_node, aligned
 
-    def _commit(self, req: Request) -> None:
+    def _commit(self, req: Request, state: _Live) -> None:
         """SGLang checkpoints after each extend (prefill chunk), not after a decode step:
         output tokens reach the tree at release."""
-        live = self._live_state[req.request_id]
+        live = state
         if self.tree.disable or live.decoding or req.num_computed_tokens == 0:
             return
         self._checkpoint(req, live)
 
-    def _release(self, req: Request) -> None:
+    def _release(self, req: Request, state: _Live) -> None:
         """SGLang's ``release_kv_cache(req, tree, checkpoint=True)`` (common.py): checkpoint the
         computed tokens, free the row's unshared computed part (the unaligned last page), unlock,
         then free the room allocated beyond the computed tokens. Each is its own free, so with
         need_sort=False at page size > 1 the unused room is reused first."""
-        live = self._live_state.pop(req.request_id)
+        live = state
         p = self.page_size
         computed = req.num_computed_tokens
         if computed and not self.tree.disable:
@@ -257,8 +279,8 @@ class RadixPrefixCache(PrefixCache):
         self.tree.dec_lock_ref(live.last_node)
         self.pool.free(live.pages[written:])
 
-    def _page_table(self, req: Request) -> list[int]:
-        return self._live_state[req.request_id].pages.tolist()
+    def _page_table(self, req: Request, state: _Live) -> list[int]:
+        return state.pages.tolist()
 
     def _evict(self, num_tokens: int) -> int:
         freed = self.tree.evict(num_tokens)
@@ -295,8 +317,8 @@ class RadixPrefixCache(PrefixCache):
         ensure(len(tree_set) == len(tree_pages), "a page is held by two tree nodes")
         ensure(0 not in tree_set, "the tree holds reserved page 0")
         own: list[int] = []
-        for rid, live in self._live_state.items():
-            ensure(rid in self._reserved, f"state kept for {rid!r}, which is not live")
+        for rid, record in self._live.items():
+            live = record.state
             shared = live.pages[: live.protected // p].tolist()
             ensure(set(shared) <= tree_set, f"{rid!r} points at prefix pages the tree no longer holds")
             own.extend(x for x in live.pages[live.protected // p :].tolist() if x not in tree_set)
@@ -309,4 +331,3 @@ class RadixPrefixCache(PrefixCache):
             f"pages free {len(free)} + tree {len(tree_set)} + requests {len(own)} "
             f"!= {self.config.num_usable_pages} usable",
         )
-        ensure(set(self._live_state) == set(self._reserved), "live requests and radix state disagree")

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from prefixcache.experiments.bounds import dfs_weight_order
 from prefixcache.experiments.workloads import make_workload
 
 from prefixcache import CacheConfig, PrefixCache, Request, make_cache
-from prefixcache.engine import PLANNED_OUTPUT, Engine
-from prefixcache.scheduler import dfs_weight_order
+from prefixcache.engine import Engine
 
 SCALES = ("tiny", "default", "full")
 OFFLINE_DFS = "dfs-offline"
@@ -119,17 +119,14 @@ def build_cache(config: dict[str, Any]) -> PrefixCache:
 
 
 def reset_requests(reqs: Sequence[Request]) -> None:
-    """Make prompt-only replay requests reusable by another cell: nothing computed, no backend
-    memos. (A request whose planned answer a replay appended is not reusable: its prompt grew.)"""
+    """Make prompt-only replay requests reusable by another cell: nothing computed. (Each
+    cache keeps its own per-request state; a request whose planned answer a replay appended is
+    not reusable: its tokens grew.)"""
     if any(r.num_output_tokens for r in reqs):
         raise ValueError("replay requests with appended outputs cannot be shared between cells")
     for r in reqs:
         r.num_computed_tokens = 0
         r.num_preemptions = 0
-        planned = r.memo.get(PLANNED_OUTPUT)
-        r.memo.clear()
-        if planned is not None:
-            r.memo[PLANNED_OUTPUT] = planned
 
 
 def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
@@ -142,13 +139,13 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
             rows.append((r.request_id, r.num_prompt_tokens, 0, True, 0))
             continue
         t0 = time.perf_counter_ns()
-        hit = cache.lookup(r)
-        if not cache.allocate(r, r.num_tokens - hit):
+        match = cache.lookup(r)
+        if not cache.allocate(r, r.num_tokens - match.tokens, match):
             raise RuntimeError(f"replay: {r.request_id} does not fit in an otherwise idle cache")
         hit = r.num_computed_tokens
         r.num_computed_tokens = r.num_tokens
         cache.commit(r)
-        planned = r.memo.get(PLANNED_OUTPUT)
+        planned = r.planned_output_ids
         # A planned answer that the next turn repeats: its KV (all but the last token, which
         # is never fed back) is cached as a decode would leave it.
         if isinstance(planned, tuple) and len(planned) > 1 and r.num_output_tokens == 0:

@@ -33,8 +33,6 @@ from prefixcache.experiments.figures.common import (
 )
 from prefixcache.experiments.traces import infinite_cache_block_hit_rate, mooncake_prompt, read_mooncake
 
-from prefixcache.engine import PLANNED_OUTPUT
-
 STUDY = "capacity"
 PAGE = 16
 TRACE_BOUND_PAGE = 512
@@ -107,7 +105,7 @@ def bound_rows(scale: str, out_root: Path, force: bool) -> list[dict[str, Any]]:
             reqs = make_requests(key | {"seed": 0})
             prompts = [list(r.prompt_token_ids) for r in reqs]
             # What each request leaves cached: its prompt, plus a planned answer (a chat turn).
-            left = [p + list(r.memo.get(PLANNED_OUTPUT, ()))[:-1] for p, r in zip(prompts, reqs, strict=True)]
+            left = [p + list(r.planned_output_ids or ())[:-1] for p, r in zip(prompts, reqs, strict=True)]
         trace = bounds.block_trace(prompts, page, left)
         total = sum(len(p) for p in prompts)
         inf = sum(bounds.infinite_cache_hits(trace)) / total

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 from prefixcache.experiments import bounds
+from prefixcache.experiments.bounds import dfs_weight_order
 from prefixcache.experiments.figures.common import (
     cell_config,
     cell_name,
@@ -29,8 +30,6 @@ from prefixcache.experiments.figures.common import (
     save_study,
     study_main,
 )
-
-from prefixcache.scheduler import dfs_weight_order
 
 STUDY = "scheduling"
 SCHEDULERS = ["fcfs", "lpm", "dfs-weight", "dfs-offline"]

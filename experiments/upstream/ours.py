@@ -28,12 +28,10 @@ def replay_ours(backend: str, scenario: dict[str, Any], **options: Any) -> tuple
         elif kind == "alloc":
             req = reqs[op["rid"]]
             first = not cache.is_live(req)
-            if first:
-                hit = cache.lookup(req)
-                n = op["n"] if op.get("n") is not None else req.num_tokens - hit
-            else:
-                n = op["n"] if op.get("n") is not None else req.num_tokens - req.num_computed_tokens
-            ok = cache.allocate(req, n)
+            match = cache.lookup(req) if first else None
+            done = match.tokens if match is not None else req.num_computed_tokens
+            n = op["n"] if op.get("n") is not None else req.num_tokens - done
+            ok = cache.allocate(req, n, match)
             spent += time.perf_counter() - t0  # what follows only records
             rec["ok"] = ok
             if first:

@@ -1,8 +1,8 @@
 """Benchmarks (``make bench`` / ``pytest tests/bench``) of the hashchain hot-path optimisations,
 each against the plain form it replaced, on the same input:
 
-* a repeated lookup of a waiting request: resumed from its memo (nothing left the map) vs a
-  fresh walk (the memo dropped first), 2048 cached blocks;
+* the lookup walk over 2048 cached blocks: ``longest_prefix`` (dict probes in C, in doubling
+  chunks) vs ``get_one_block`` per key;
 * allocating 2048 blocks that each evict a cached block: ``evict_hashed`` (one C pop per
   block) vs an evict call per block;
 * caching 2048 blocks: ``insert_many`` (one ``setdefault`` per block) vs ``insert`` per block.
@@ -10,6 +10,7 @@ each against the plain form it replaced, on the same input:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
@@ -29,26 +30,29 @@ def cached_request() -> tuple[Any, Request]:
     warm = Request("warm", PROMPT)
     assert cache.allocate(warm, warm.num_tokens)
     waiting = Request("waiting", PROMPT + [1])
-    assert cache.lookup(waiting) == NUM_BLOCKS * BLOCK
+    assert cache.lookup(waiting).tokens == NUM_BLOCKS * BLOCK  # hashes now memoised
     return cache, waiting
 
 
-def test_bench_repeated_lookup_resumed_from_the_memo(benchmark) -> None:  # type: ignore[no-untyped-def]
+def walk_per_key(hash_map: BlockHashToBlockMap, keys: list[Any], limit: int) -> list[KVCacheBlock]:
+    """vLLM's form: ``get_one_block`` per key, to the first miss."""
+    out: list[KVCacheBlock] = []
+    for key in keys[:limit]:
+        block = hash_map.get_one_block(key)
+        if block is None:
+            break
+        out.append(block)
+    return out
+
+
+@pytest.mark.parametrize("form", ["longest_prefix", "get_one_block per key"])
+def test_bench_lookup_walk(benchmark, form: str) -> None:  # type: ignore[no-untyped-def]
     cache, waiting = cached_request()
-    benchmark.group = "repeated lookup, 2048 cached blocks"
-    assert benchmark(cache.lookup, waiting) == NUM_BLOCKS * BLOCK
-
-
-def test_bench_repeated_lookup_walked_afresh(benchmark) -> None:  # type: ignore[no-untyped-def]
-    cache, waiting = cached_request()
-    manager = cache.manager
-
-    def fresh() -> int:
-        waiting.memo.pop(manager, None)  # the lookup memo only; block hashes stay memoised
-        return int(cache.lookup(waiting))
-
-    benchmark.group = "repeated lookup, 2048 cached blocks"
-    assert benchmark(fresh) == NUM_BLOCKS * BLOCK
+    hash_map = cache.block_pool.cached_block_hash_to_block
+    keys = cache.manager.hasher.request_hashes(waiting).keys(0)
+    walk = hash_map.longest_prefix if form == "longest_prefix" else partial(walk_per_key, hash_map)
+    benchmark.group = "lookup walk over 2048 cached blocks (hashes memoised)"
+    assert len(benchmark(walk, keys, NUM_BLOCKS)) == NUM_BLOCKS
 
 
 def full_pool_of_cached_free_blocks() -> Any:
@@ -76,7 +80,7 @@ def per_block_get_new_blocks(pool: Any, n: int) -> list[KVCacheBlock]:
 
     blocks = pool.free_block_queue.popleft_n(n)
     for block in blocks:
-        if block._block_hash is not None:
+        if block.block_hash is not None:
             pool.num_cached_free_blocks -= 1
             evict(block)
         block.ref_cnt += 1

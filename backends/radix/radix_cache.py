@@ -41,9 +41,14 @@ class RadixCache:
         self.policy: EvictionPolicy = make_policy(eviction_policy)
         self.free_slots = free_slots if free_slots is not None else (lambda slots: None)
         self.clock = clock
+        # Ours: changes whenever a match could find something else (a leaf added, a leaf
+        # evicted, a reset), so a match taken earlier knows whether it still holds. Splits
+        # change no match and do not count.
+        self.version = 0
         self.reset()
 
     def reset(self) -> None:
+        self.version += 1
         self.root_node = TreeNode(self.clock(), priority=ROOT_PRIORITY)
         self.root_node.lock_ref = 1  # forever: the root is never evicted nor counted
         self.evictable_size_ = 0
@@ -135,6 +140,7 @@ class RadixCache:
             leaf.value = value[pos:].copy()
             leaf.hit_count = 1 if len(key) > hit_from else 0
             node.children[leaf.key.child_key(self.page_size)] = leaf
+            self.version += 1
             self.evictable_size_ += len(leaf.value)
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
@@ -236,6 +242,7 @@ class RadixCache:
         assert parent is not None and node.value is not None and not node.children
         removed = parent.children.pop(node.key.child_key(self.page_size))
         assert removed is node, f"parent does not file {node} under its child key"
+        self.version += 1
         self.evictable_size_ -= len(node.value)
         node.value = None
         self._update_leaf_status(node)

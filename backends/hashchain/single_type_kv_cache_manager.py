@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockPool
-from prefixcache.backends.hashchain.hashing import BlockHash
+from prefixcache.backends.hashchain.hashing import BlockHash, RequestHashes
 
 ATTENTION_KINDS = ("full", "sliding_window")
 
@@ -88,10 +88,11 @@ class SingleTypeKVCacheManager:
 
     # ---------------------------------------------------------------- lookup
     def find_longest_cache_hit(
-        self, block_hashes: Sequence[BlockHash], max_length: int, group_ids: Sequence[int]
+        self, hashes: RequestHashes, max_length: int, group_ids: Sequence[int]
     ) -> tuple[list[list[KVCacheBlock]], int]:
         """Hit blocks for each of ``group_ids`` (groups of this same spec, looked up jointly:
-        a block hits only if every one of them has it) and the hit length in tokens."""
+        a block hits only if every one of them has it) and the hit length in tokens, at most
+        ``max_length``."""
         raise NotImplementedError
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -197,17 +198,17 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     __slots__ = ()
 
     def find_longest_cache_hit(
-        self, block_hashes: Sequence[BlockHash], max_length: int, group_ids: Sequence[int]
+        self, hashes: RequestHashes, max_length: int, group_ids: Sequence[int]
     ) -> tuple[list[list[KVCacheBlock]], int]:
-        computed: list[list[KVCacheBlock]] = [[] for _ in group_ids]
-        get_cached_block = self.block_pool.get_cached_block
-        for block_hash in block_hashes[: max_length // self.block_size]:
-            cached = get_cached_block(block_hash, group_ids)
-            if cached is None:
-                break  # chained hashes: every later block misses too
-            for blocks, block in zip(computed, cached, strict=True):
-                blocks.append(block)
-        return computed, len(computed[0]) * self.block_size
+        # Left to right, stop at the first miss (chained hashes: every later block misses
+        # too); a block hits only where every group hits, so the joint hit is the shortest.
+        longest_prefix = self.block_pool.cached_block_hash_to_block.longest_prefix
+        limit = max_length // self.block_size
+        computed = [longest_prefix(hashes.keys(g), limit) for g in group_ids]
+        num_blocks = min(map(len, computed))
+        for blocks in computed:
+            del blocks[num_blocks:]
+        return computed, num_blocks * self.block_size
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
         """Leading blocks every running request of this group references (pre-0.33 meaning)."""
@@ -233,15 +234,16 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.contiguous_blocks = -(-(self.sliding_window - 1) // block_size)
 
     def find_longest_cache_hit(
-        self, block_hashes: Sequence[BlockHash], max_length: int, group_ids: Sequence[int]
+        self, hashes: RequestHashes, max_length: int, group_ids: Sequence[int]
     ) -> tuple[list[list[KVCacheBlock]], int]:
-        max_num_blocks = min(max_length // self.block_size, len(block_hashes))
+        keys = [hashes.keys(g) for g in group_ids]
+        max_num_blocks = min(max_length // self.block_size, len(hashes.hashes))
         computed = [[self.null_block] * max_num_blocks for _ in group_ids]
         get_cached_block = self.block_pool.get_cached_block
         num_contiguous = 0
         match_found = False
         for i in range(max_num_blocks - 1, -1, -1):  # rightmost run first: the longest hit
-            cached = get_cached_block(block_hashes[i], group_ids)
+            cached = get_cached_block([group_keys[i] for group_keys in keys])
             if cached is None:
                 num_contiguous = 0
                 continue

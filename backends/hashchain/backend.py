@@ -8,19 +8,27 @@ so ``commit`` publishes nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
 
-from prefixcache.backends.hashchain.block import KVCacheBlock
-from prefixcache.backends.hashchain.coordinator import HybridKVCacheManager
-from prefixcache.backends.hashchain.hashing import get_hash_fn
-from prefixcache.backends.hashchain.manager import KVCacheManager
-from prefixcache.backends.hashchain.single_type import AttentionGroupSpec
+from prefixcache.backends.hashchain.hashing import get_hash_fn, group_id_suffix
+from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks
+from prefixcache.backends.hashchain.kv_cache_manager import KVCacheManager
+from prefixcache.backends.hashchain.single_type_kv_cache_manager import AttentionGroupSpec
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import PageUsage, PrefixCache, ensure
+from prefixcache.interface import Match, PageUsage, PrefixCache, ensure
 from prefixcache.request import Request
 
 
-class HashChainCache(PrefixCache):
+@dataclass(frozen=True, slots=True, eq=False)
+class BlockMatch(Match):
+    """``get_computed_blocks``' result, handed to ``allocate_slots`` as vLLM does."""
+
+    blocks: KVCacheBlocks  # the hit blocks of each group
+
+
+class HashChainCache(PrefixCache[KVCacheBlocks]):
     """Options (keywords of ``make_cache``; defaults = vLLM):
 
     hash_fn:        "sha256" | "sha256_cbor" | "xxhash" | "xxhash_cbor" | "builtin" (UNSAFE,
@@ -29,7 +37,11 @@ class HashChainCache(PrefixCache):
     unhashed_first: True (vLLM): freed blocks without a hash go to the head of the free queue
     attention_groups: KV-cache groups of a hybrid model, e.g. [("full",), ("sliding_window", 128)];
                     default one full-attention group. Several groups share one block pool
-                    (coordinator.py); ``page_table`` shows group 0, ``page_tables`` every group.
+                    (kv_cache_coordinator.py); ``page_table`` shows group 0, ``page_tables``
+                    every group.
+
+    A live request's state is its block list per group: the very lists the single-type
+    managers keep in ``req_to_blocks`` (vLLM's owner of them), not copies.
     """
 
     name = "hashchain"
@@ -50,54 +62,46 @@ class HashChainCache(PrefixCache):
         groups = [("full",)] if attention_groups is None else list(attention_groups)
         if not groups:
             raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
-        specs = [AttentionGroupSpec.parse(g) for g in groups]
-        self.attention_groups = specs
-        self.manager: KVCacheManager | HybridKVCacheManager
-        if specs == [AttentionGroupSpec("full")]:
-            # vLLM's UnitaryKVCacheCoordinator: the one-group path, unchanged.
-            self.manager = KVCacheManager(
-                config.num_pages,
-                config.page_size,
-                get_hash_fn(hash_fn),
-                free_order=free_order,
-                unhashed_first=unhashed_first,
-            )
-        else:
-            self.manager = HybridKVCacheManager(
-                config.num_pages,
-                config.page_size,
-                get_hash_fn(hash_fn),
-                specs,
-                free_order=free_order,
-                unhashed_first=unhashed_first,
-            )
-            # Bound per instance so the one-group path keeps the plain check (once per step).
-            self._check_fits = self._check_fits_all_groups  # type: ignore[method-assign]
+        self.attention_groups = [AttentionGroupSpec.parse(g) for g in groups]
+        self.manager = KVCacheManager(
+            config.num_pages,
+            config.page_size,
+            get_hash_fn(hash_fn),
+            self.attention_groups,
+            free_order=free_order,
+            unhashed_first=unhashed_first,
+        )
         self.block_pool = self.manager.block_pool
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
 
     # ---------------------------------------------------------------- hooks
-    def _lookup(self, req: Request) -> int:
-        return self.manager.get_computed_blocks(req)[1]
-
-    def _admit(self, req: Request, num_new_tokens: int) -> bool:
+    def _match(self, req: Request) -> BlockMatch:
         blocks, hit = self.manager.get_computed_blocks(req)
-        # "Never fits in the pool" first: it is about the request, whatever the hit adds.
-        self._check_fits(req, min(hit + num_new_tokens, req.num_tokens))
-        self._check_fits(req, hit + num_new_tokens)
+        return BlockMatch(self, req, req.num_tokens, hit, self._index_version(), blocks)
+
+    def _index_version(self) -> int:
+        return self.block_pool.cached_block_hash_to_block.version
+
+    def _revalidate(self, match: Match) -> BlockMatch:
+        """What still holds of the hit, and what was cached since: exactly a fresh lookup."""
+        m = cast(BlockMatch, match)
+        blocks, hit = self.manager.revalidate_computed_blocks(m.request, m.blocks)
+        return BlockMatch(self, m.request, m.num_tokens, hit, self._index_version(), blocks)
+
+    def _admit(self, req: Request, num_new_tokens: int, match: Match) -> KVCacheBlocks | None:
+        m = cast(BlockMatch, match)
         # A waiting request has computed nothing (vLLM's invariant); put back whatever the
         # caller left there if we fail, so that a failed allocate changes nothing.
         prior = req.num_computed_tokens
         req.num_computed_tokens = 0
-        new_blocks = self.manager.allocate_slots(req, num_new_tokens, hit, blocks)  # type: ignore[arg-type]
+        new_blocks = self.manager.allocate_slots(req, num_new_tokens, m.tokens, m.blocks)
         self._sync_evictions()
         if new_blocks is None:
             req.num_computed_tokens = prior
-            return False
-        self._admitted(req, hit)
-        return True
+            return None
+        return self.manager.get_blocks(req.request_id)
 
-    def _extend(self, req: Request, total_tokens: int) -> bool:
+    def _extend(self, req: Request, state: KVCacheBlocks, total_tokens: int) -> bool:
         num_new_tokens = total_tokens - req.num_computed_tokens
         if num_new_tokens <= 0:
             return True
@@ -105,35 +109,32 @@ class HashChainCache(PrefixCache):
         self._sync_evictions()
         return ok
 
-    def _commit(self, req: Request) -> None:
+    def _commit(self, req: Request, state: KVCacheBlocks) -> None:
         # Nothing to publish: full blocks were cached at allocation (vLLM). Only check.
-        held = len(self.manager.req_to_blocks[req.request_id])
+        held = len(state[0])
         if held * self.page_size < req.num_computed_tokens:  # the message only on failure
             ensure(False, f"{req.request_id!r} committed {req.num_computed_tokens} tokens into {held} blocks")
 
-    def _release(self, req: Request) -> None:
+    def _release(self, req: Request, state: KVCacheBlocks) -> None:
         self.manager.free(req)
 
-    def _page_table(self, req: Request) -> list[int]:
-        return self.manager.get_block_ids(req.request_id)
+    def _page_table(self, req: Request, state: KVCacheBlocks) -> list[int]:
+        return [b.block_id for b in state[0]]
 
     def page_tables(self, req: Request) -> list[list[int]]:
         """One page table per attention group (null block 0 where a window skipped a block)."""
-        self._live(req, "page_tables")
-        return [[b.block_id for b in group[req.request_id]] for group, _, _ in self._groups()]
+        return [[b.block_id for b in blocks] for blocks in self._live_record(req, "page_tables").state]
 
-    def _check_fits_all_groups(self, req: Request, total_tokens: int) -> None:
-        """``_check_fits`` of a hybrid cache: every group's blocks come from the one pool."""
+    def _check_fits(self, req: Request, total_tokens: int) -> None:
+        """Also: every group's blocks come from the one pool (a hybrid request takes more)."""
         super()._check_fits(req, total_tokens)
-        manager = self.manager
-        if isinstance(manager, HybridKVCacheManager):
-            need = manager.min_blocks_to_fit(total_tokens)
-            if need > self.config.num_usable_pages:
-                raise ValueError(
-                    f"request {req.request_id!r} needs {total_tokens} tokens: at least {need} pages "
-                    f"over {len(manager.managers)} attention groups, but the cache has "
-                    f"{self.config.num_usable_pages}"
-                )
+        need = self.manager.coordinator.min_blocks_to_fit(total_tokens)
+        if need > self.config.num_usable_pages:
+            raise ValueError(
+                f"request {req.request_id!r} needs {total_tokens} tokens: at least {need} pages "
+                f"over {len(self.attention_groups)} attention groups, but the cache has "
+                f"{self.config.num_usable_pages}"
+            )
 
     def _evict(self, num_tokens: int) -> int:
         dropped = self.block_pool.evict_lru_blocks(-(-num_tokens // self.page_size))
@@ -152,8 +153,9 @@ class HashChainCache(PrefixCache):
         return dropped * self.page_size
 
     def get_num_common_prefix_blocks(self, req: Request) -> int:
-        self._live(req, "get_num_common_prefix_blocks")
-        return self.manager.get_num_common_prefix_blocks(req.request_id)
+        """Leading blocks of ``req`` (group 0) that every running request references."""
+        self._live_record(req, "get_num_common_prefix_blocks")
+        return self.manager.coordinator.single_type_managers[0].get_num_common_prefix_blocks(req.request_id)
 
     # ---------------------------------------------------------------- accounting
     def usage(self) -> PageUsage:
@@ -171,7 +173,9 @@ class HashChainCache(PrefixCache):
         live = {r.request_id for r in self.live_requests}
         holders = [0] * self.block_pool.num_gpu_blocks
         held_by: dict[str, set[int]] = {rid: set() for rid in live}
-        for group_id, (req_to_blocks, num_cached_block, windowed) in enumerate(self._groups()):
+        for group_id, manager in enumerate(self.manager.coordinator.single_type_managers):
+            req_to_blocks, num_cached_block = manager.req_to_blocks, manager.num_cached_block
+            windowed = manager.spec.kind == "sliding_window"
             ensure(
                 set(req_to_blocks) == live,
                 f"group {group_id} holds {sorted(req_to_blocks)}, live {sorted(live)}",
@@ -197,26 +201,21 @@ class HashChainCache(PrefixCache):
                     ensure(b.ref_cnt >= 1, f"{rid!r} holds block {b.block_id} with ref_cnt {b.ref_cnt}")
                     key = b.block_hash
                     ensure(
-                        key is None or int.from_bytes(key[-4:], "big") == group_id,
+                        key is None or key.endswith(group_id_suffix(group_id)),
                         f"block {b.block_id} in group {group_id} is cached under another group's key",
                     )
                     holders[b.block_id] += 1
+        for rid, record in self._live.items():
+            ensure(
+                all(a is b for a, b in zip(record.state, self.manager.get_blocks(rid), strict=True)),
+                f"{rid!r}: live record and managers hold different block lists",
+            )
         for b in self.block_pool.blocks[1:]:
             ensure(
                 b.ref_cnt == holders[b.block_id],
                 f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by {holders[b.block_id]}",
             )
         ensure(self.stats.evicted_tokens >= 0, "negative evicted_tokens")
-
-    def _groups(self) -> list[tuple[dict[str, list[KVCacheBlock]], dict[str, int], bool]]:
-        """(req_to_blocks, num_cached_block, is sliding window) of each attention group."""
-        manager = self.manager
-        if isinstance(manager, HybridKVCacheManager):
-            return [
-                (m.req_to_blocks, m.num_cached_block, m.spec.kind == "sliding_window")
-                for m in manager.managers
-            ]
-        return [(manager.req_to_blocks, manager.num_cached_block, False)]
 
     def _sync_evictions(self) -> None:
         evicted = self.block_pool.num_evicted_blocks

@@ -1,0 +1,186 @@
+"""The coordinator: one single-type manager per KV-cache group over one BlockPool (vLLM
+``kv_cache_coordinator.py``).
+
+``UnitaryKVCacheCoordinator`` serves one group (every plain model), ``HybridKVCacheCoordinator``
+several (full attention beside sliding window). Both share every write-path step below; they
+differ only in how the hit that all groups accept is found.
+
+Capacity: one BlockPool shared by every group; a request holds one block list per group, each
+block from the shared pool. (vLLM sizes one pool of ``num_blocks`` ids and gives each group its
+own tensors of that many blocks, so a block id means the same slot in each group's tensor; here
+a block id belongs to one group at a time, so a request of n blocks in two full-attention groups
+takes 2n pages. We chose this because our pool is counted in pages: equal configs give every
+backend the same memory.)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.block_pool import BlockPool
+from prefixcache.backends.hashchain.hashing import BlockHash, RequestHashes
+from prefixcache.backends.hashchain.single_type_kv_cache_manager import (
+    AttentionGroupSpec,
+    SingleTypeKVCacheManager,
+    make_single_type_manager,
+)
+
+KVCacheBlocks = tuple[list[KVCacheBlock], ...]  # one block list per group, index = group id
+
+
+class KVCacheCoordinator(ABC):
+    def __init__(
+        self, attention_groups: Sequence[AttentionGroupSpec], block_pool: BlockPool, block_size: int
+    ) -> None:
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
+            make_single_type_manager(spec, block_pool, block_size, i)
+            for i, spec in enumerate(attention_groups)
+        )
+
+    @abstractmethod
+    def find_longest_cache_hit(self, hashes: RequestHashes, max_length: int) -> tuple[KVCacheBlocks, int]:
+        """The hit blocks of every group and the hit length in tokens (<= max_length)."""
+
+    def revalidate_cache_hit(
+        self, hashes: RequestHashes, hit_blocks: KVCacheBlocks, max_length: int
+    ) -> tuple[KVCacheBlocks, int]:
+        """``find_longest_cache_hit`` again after the index changed, given an earlier hit.
+        Hybrid: looked up afresh (the fixed point may land anywhere)."""
+        return self.find_longest_cache_hit(hashes, max_length)
+
+    def empty_blocks(self) -> KVCacheBlocks:
+        return tuple([] for _ in self.single_type_managers)
+
+    # ---------------------------------------------------------------- write path
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: KVCacheBlocks, num_computed_tokens: int
+    ) -> int:
+        """Free blocks all groups take for ``num_tokens`` slots, less those that leaving the
+        window frees first (vLLM frees them before its check; we count them, so that a failed
+        allocate changes nothing)."""
+        needed = 0
+        for manager, hit in zip(self.single_type_managers, new_computed_blocks, strict=True):
+            needed += manager.get_num_blocks_to_allocate(request_id, num_tokens, hit, num_computed_tokens)
+            needed -= manager.num_blocks_freed_by_skip(request_id, num_computed_tokens)
+        return needed
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        for manager in self.single_type_managers:
+            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def save_new_computed_blocks(
+        self, request_id: str, new_computed_blocks: KVCacheBlocks, num_computed_tokens: int
+    ) -> None:
+        """Touch every group's hit before any group allocates: an earlier group's new blocks
+        must not evict a later group's hit (vLLM issue #33775)."""
+        for manager, hit in zip(self.single_type_managers, new_computed_blocks, strict=True):
+            manager.add_computed_blocks(request_id, hit, num_computed_tokens)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> KVCacheBlocks:
+        return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers)
+
+    def cache_blocks(self, block_hashes: Sequence[BlockHash], request_id: str, num_tokens: int) -> None:
+        for manager in self.single_type_managers:
+            manager.cache_blocks(block_hashes, request_id, num_tokens)
+
+    def free(self, request_id: str, reverse: bool) -> None:
+        """Each group frees its blocks, group 0 first, each last block first when ``reverse``."""
+        for manager in self.single_type_managers:
+            manager.free(request_id, reverse)
+
+    # ---------------------------------------------------------------- queries
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return tuple(m.req_to_blocks[request_id] for m in self.single_type_managers)
+
+    def is_running(self, request_id: str) -> bool:
+        return request_id in self.single_type_managers[0].req_to_blocks
+
+    def min_blocks_to_fit(self, num_tokens: int) -> int:
+        """A lower bound on the pool blocks a request of ``num_tokens`` tokens ever holds at
+        once: every block per full-attention group, one window per sliding-window group."""
+        num_blocks = -(-num_tokens // self.block_size)
+        total = 0
+        for manager in self.single_type_managers:
+            window = manager.spec.sliding_window
+            total += num_blocks if window is None else min(num_blocks, -(-(window - 1) // self.block_size))
+        return total
+
+
+class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    """One KV-cache group: its manager's hit is the hit."""
+
+    def find_longest_cache_hit(self, hashes: RequestHashes, max_length: int) -> tuple[KVCacheBlocks, int]:
+        blocks, length = self.single_type_managers[0].find_longest_cache_hit(hashes, max_length, [0])
+        return tuple(blocks), length
+
+    def revalidate_cache_hit(
+        self, hashes: RequestHashes, hit_blocks: KVCacheBlocks, max_length: int
+    ) -> tuple[KVCacheBlocks, int]:
+        """The earlier hit's leading blocks that a lookup would still return (each still the
+        first block under its key), then the walk resumed from there: exactly a fresh lookup,
+        probing the map once per block and hashing nothing."""
+        keys = hashes.keys(0)
+        get_one_block = self.block_pool.cached_block_hash_to_block.get_one_block
+        valid = 0
+        for block, key in zip(hit_blocks[0], keys, strict=False):
+            if get_one_block(key) is not block:
+                break
+            valid += 1
+        limit = max_length // self.block_size
+        blocks = hit_blocks[0][:valid] + self.block_pool.cached_block_hash_to_block.longest_prefix(
+            keys, limit, valid
+        )
+        return (blocks,), len(blocks) * self.block_size
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    """Several groups: the longest hit every group accepts, found by a fixed point."""
+
+    def __init__(
+        self, attention_groups: Sequence[AttentionGroupSpec], block_pool: BlockPool, block_size: int
+    ) -> None:
+        super().__init__(attention_groups, block_pool, block_size)
+        # Groups of equal spec are looked up jointly (vLLM's SpecGroup); full attention first:
+        # its left-to-right scan gives the tightest first bound.
+        by_spec: dict[AttentionGroupSpec, list[int]] = {}
+        for i, spec in enumerate(attention_groups):
+            by_spec.setdefault(spec, []).append(i)
+        self.attention_groups = sorted(by_spec.items(), key=lambda item: item[0].kind != "full")
+
+    def find_longest_cache_hit(self, hashes: RequestHashes, max_length: int) -> tuple[KVCacheBlocks, int]:
+        """Start at ``max_length``, let each group shrink it, repeat until a whole pass shrinks
+        nothing (monotone: it ends)."""
+        hit_blocks: list[list[KVCacheBlock] | None] = [None] * len(self.single_type_managers)
+        hit_length = max_length
+        while True:
+            curr = hit_length
+            for spec, group_ids in self.attention_groups:
+                first = hit_blocks[group_ids[0]]
+                if spec.kind == "full" and first is not None:
+                    # Downward closed: any prefix of a full-attention hit is a hit; trim later.
+                    curr = min(curr, len(first) * self.block_size)
+                    continue
+                blocks, curr = self.single_type_managers[group_ids[0]].find_longest_cache_hit(
+                    hashes, curr, group_ids
+                )
+                for group_id, group_blocks in zip(group_ids, blocks, strict=True):
+                    hit_blocks[group_id] = group_blocks
+            if curr >= hit_length:
+                break
+            hit_length = curr
+        num_blocks = hit_length // self.block_size
+        return tuple(b[:num_blocks] if b is not None else [] for b in hit_blocks), hit_length
+
+
+def make_kv_cache_coordinator(
+    attention_groups: Sequence[AttentionGroupSpec], block_pool: BlockPool, block_size: int
+) -> KVCacheCoordinator:
+    if not attention_groups:
+        raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
+    if len(attention_groups) == 1:
+        return UnitaryKVCacheCoordinator(attention_groups, block_pool, block_size)
+    return HybridKVCacheCoordinator(attention_groups, block_pool, block_size)

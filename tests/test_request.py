@@ -1,0 +1,49 @@
+"""Request: deferred prompts and the typed planned output."""
+
+from __future__ import annotations
+
+import pytest
+from prefixcache.experiments.traces import TraceRecord, iter_requests
+
+from prefixcache import CacheConfig, Engine, Request, make_cache
+
+
+def test_a_deferred_prompt_is_built_on_first_use_and_checked_against_its_length() -> None:
+    built: list[int] = []
+
+    def make() -> list[int]:
+        built.append(1)
+        return [5, 6, 7]
+
+    req = Request.deferred("d", 3, make, max_new_tokens=2)
+    assert (req.num_tokens, req.num_prompt_tokens, req.num_output_tokens) == (3, 3, 0)
+    assert not built, "the length alone must not build the prompt"
+    assert list(req.all_token_ids) == [5, 6, 7] and req.prompt_token_ids == (5, 6, 7)
+    assert built == [1]
+    req.append_output_token_ids(9)
+    assert req.num_tokens == 4 and list(req.output_token_ids) == [9] and built == [1]
+    wrong = Request.deferred("w", 4, make)
+    with pytest.raises(ValueError, match="deferred prompt has 3 tokens, 4 were announced"):
+        list(wrong.all_token_ids)
+    with pytest.raises(ValueError, match="empty prompt"):
+        Request.deferred("e", 0, make)
+    with pytest.raises(ValueError, match="does not fit"):
+        Request.deferred("m", 3, make, mm_hashes=[("img", 2, 5)])
+
+
+def test_trace_requests_hold_no_tokens_until_a_cache_reads_them() -> None:
+    records = [TraceRecord(float(i), 600, 2, (0, 1)) for i in range(3)]
+    reqs = list(iter_requests(records))
+    assert all(r._all_token_ids is None for r in reqs)  # waiting: no token memory
+    engine = Engine(make_cache("hashchain", CacheConfig(4096, 16)), "fcfs", check_invariants=True)
+    engine.run(reqs)
+    assert [r.output_tokens for r in engine.records.values()] == [2, 2, 2]
+    assert reqs[1].prompt_token_ids == reqs[0].prompt_token_ids  # same hash ids, same tokens
+    assert engine.records["trace-1"].hit_tokens == 592  # (600 - 1) // 16 * 16
+
+
+def test_planned_output_is_a_typed_checked_field() -> None:
+    assert Request("p", [1, 2], planned_output_ids=[3, 4]).planned_output_ids == (3, 4)
+    assert Request("q", [1, 2]).planned_output_ids is None
+    with pytest.raises(ValueError, match="planned_output_ids"):
+        Request("r", [1, 2], planned_output_ids=[-1])
