@@ -349,12 +349,20 @@ class PrefixCache(ABC, Generic[S]):
                 f"allocate for {req.request_id!r} up to token {total_tokens} reaches past its "
                 f"{req.num_tokens} known tokens"
             )
-        if -(-total_tokens // self.page_size) > self.config.num_usable_pages:
+        need = self._min_pages_to_fit(total_tokens)
+        if need > self.config.num_usable_pages:
             raise ValueError(
-                f"request {req.request_id!r} needs {total_tokens} tokens but the whole cache "
-                f"holds {self.config.usable_tokens} ({self.config.num_usable_pages} usable pages "
-                f"of {self.page_size})"
+                f"request {req.request_id!r} needs {total_tokens} tokens ({need} pages{self._layout_note()}) "
+                f"but the whole cache holds {self.config.usable_tokens} ({self.config.num_usable_pages} "
+                f"usable pages of {self.page_size})"
             )
+
+    def _min_pages_to_fit(self, num_tokens: int) -> int:
+        """The fewest pages a request of ``num_tokens`` tokens holds at once."""
+        return -(-num_tokens // self.page_size)
+
+    def _layout_note(self) -> str:
+        return ""
 
     def _check_request(self, req: Request) -> None:
         if not isinstance(req, Request):

@@ -125,16 +125,12 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         """One page table per attention group (null block 0 where a window skipped a block)."""
         return [[b.block_id for b in blocks] for blocks in self._live_record(req, "page_tables").state]
 
-    def _check_fits(self, req: Request, total_tokens: int) -> None:
-        """Also: every group's blocks come from the one pool (a hybrid request takes more)."""
-        super()._check_fits(req, total_tokens)
-        need = self.manager.coordinator.min_blocks_to_fit(total_tokens)
-        if need > self.config.num_usable_pages:
-            raise ValueError(
-                f"request {req.request_id!r} needs {total_tokens} tokens: at least {need} pages "
-                f"over {len(self.attention_groups)} attention groups, but the cache has "
-                f"{self.config.num_usable_pages}"
-            )
+    def _min_pages_to_fit(self, num_tokens: int) -> int:
+        """Every group's blocks come from the one pool (a hybrid request takes more)."""
+        return self.manager.coordinator.min_blocks_to_fit(num_tokens)
+
+    def _layout_note(self) -> str:
+        return f" over {len(self.attention_groups)} attention groups"
 
     def _evict(self, num_tokens: int) -> int:
         dropped = self.block_pool.evict_lru_blocks(-(-num_tokens // self.page_size))

@@ -40,6 +40,7 @@ class KVCacheCoordinator(ABC):
             make_single_type_manager(spec, block_pool, block_size, i)
             for i, spec in enumerate(attention_groups)
         )
+        self._empty: KVCacheBlocks = tuple([] for _ in self.single_type_managers)
 
     @abstractmethod
     def find_longest_cache_hit(self, hashes: RequestHashes, max_length: int) -> tuple[KVCacheBlocks, int]:
@@ -53,7 +54,8 @@ class KVCacheCoordinator(ABC):
         return self.find_longest_cache_hit(hashes, max_length)
 
     def empty_blocks(self) -> KVCacheBlocks:
-        return tuple([] for _ in self.single_type_managers)
+        """No hit (vLLM's ``empty_kv_cache_blocks``; read, never written)."""
+        return self._empty
 
     # ---------------------------------------------------------------- write path
     def get_num_blocks_to_allocate(
@@ -82,6 +84,12 @@ class KVCacheCoordinator(ABC):
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> KVCacheBlocks:
         return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers)
+
+    def num_blocks_to_cache(self, request_id: str, num_tokens: int) -> int:
+        """Blocks full within ``num_tokens`` that some group has not cached yet (0: nothing to
+        hash; most decode steps)."""
+        num_full = num_tokens // self.block_size
+        return max(num_full - m.num_cached_block[request_id] for m in self.single_type_managers)
 
     def cache_blocks(self, block_hashes: Sequence[BlockHash], request_id: str, num_tokens: int) -> None:
         for manager in self.single_type_managers:

@@ -101,7 +101,7 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
-        if num_tokens >= self.block_size:
+        if self.coordinator.num_blocks_to_cache(request.request_id, num_tokens) > 0:
             self.coordinator.cache_blocks(self.hasher.block_hashes(request), request.request_id, num_tokens)
 
     def free(self, request: Request) -> None:
