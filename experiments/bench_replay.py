@@ -29,8 +29,7 @@ from typing import Any
 from prefixcache.experiments.bench import write_rows_csv
 from prefixcache.experiments.traces import TraceRecord, iter_requests, read_mooncake
 
-from prefixcache import CacheConfig, Request, make_cache
-from prefixcache.engine import Engine
+from prefixcache import CacheConfig, Engine, Request, make_cache
 
 # (label, backend, page size, options)
 VARIANTS: list[tuple[str, str, int, dict[str, Any]]] = [

@@ -19,9 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prefixcache import CacheConfig, available_backends, make_cache
-from prefixcache.engine import Engine
-from prefixcache.scheduler import available_schedulers, make_scheduler
+from prefixcache import (
+    CacheConfig,
+    Engine,
+    available_backends,
+    available_schedulers,
+    make_cache,
+    make_scheduler,
+)
 
 DEFAULTS: dict[str, Any] = {
     "workload": "multi-turn-chat",
@@ -35,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "params": {},
 }
+
+
+INDEX_MEMORY_KEYS = ("index_bytes", "index_bytes_per_cached_token")
 
 
 def run_name(cfg: dict[str, Any]) -> str:
@@ -79,9 +87,17 @@ def build_requests(cfg: dict[str, Any]) -> Any:
 
 
 def execute(
-    cfg: dict[str, Any], out_root: Path, *, force: bool = False, progress: bool = True
+    cfg: dict[str, Any],
+    out_root: Path,
+    *,
+    force: bool = False,
+    progress: bool = True,
+    index_memory_bytes: bool = False,
 ) -> dict[str, Any]:
-    """Run one config into its folder (or return the finished run's summary)."""
+    """Run one config into its folder (or return the finished run's summary).
+
+    index_memory_bytes: also measure the cache's bookkeeping deeply (pympler walks every
+    object: minutes for a multi-million-token pool, so only on request)."""
     from prefixcache.experiments.metrics import granularity_loss, index_memory, records_frame, summarize
 
     folder = out_root / run_name(cfg)
@@ -105,8 +121,8 @@ def execute(
         steps=engine.step_count,
         simulated_s=engine.clock,
         cache_hit_rate=cache.stats.hit_rate,
-        **index_memory(cache),
     )
+    summary.update(index_memory(cache) if index_memory_bytes else dict.fromkeys(INDEX_MEMORY_KEYS))
     if (
         isinstance(requests, list) and summary["prompt_tokens"] <= 200_000
     ):  # token-level trie: small runs only
@@ -130,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         {k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None and k != "params"}
         | {"params": _parse_params(args.param)}
     )
-    s = execute(cfg, Path(args.out), force=args.force)
+    s = execute(cfg, Path(args.out), force=args.force, index_memory_bytes=args.index_memory)
     state = "skipped (finished earlier)" if s.get("skipped") else f"{s['wall_s']:.2f}s"
     print(
         f"{run_name(cfg)}: token hit rate {s['token_hit_rate']:.1%}, request hit rate "
@@ -251,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--param", action="append", help="workload parameter key=value (repeatable)")
     r.add_argument("--out", default="results")
     r.add_argument("--force", action="store_true", help="run again into a new folder")
+    r.add_argument(
+        "--index-memory", action="store_true", help="measure the index's bytes deeply (slow on big pools)"
+    )
     s = sub.add_parser("sweep", help="a grid of runs from a TOML file (resumable)")
     s.add_argument("grid")
     s.add_argument("--jobs", type=int, default=2)

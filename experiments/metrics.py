@@ -24,8 +24,7 @@ import numpy as np
 import pandas as pd
 from prefixcache.experiments.bounds import block_trace, infinite_cache_hits
 
-from prefixcache import PrefixCache
-from prefixcache.engine import CostModel, RequestRecord
+from prefixcache import CostModel, PrefixCache, RequestRecord
 
 
 def records_frame(records: Sequence[RequestRecord], cost_model: CostModel | None = None) -> pd.DataFrame:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from prefixcache.backends.hashchain.hashing import BlockHash, make_block_hash_with_group_id
+
 from prefixcache import CacheConfig, PrefixCache, Request, make_cache
 
 
@@ -49,3 +51,8 @@ def run_to_completion(cache: Any, req: Request) -> int:
 def tokens(n: int, seed: int = 0, vocab: int = 50_000) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(vocab) for _ in range(n)]
+
+
+def keyed(block_hashes: list[BlockHash], group_id: int) -> list[Any]:
+    """The hash-map keys of these block hashes in one group."""
+    return [make_block_hash_with_group_id(h, group_id) for h in block_hashes]

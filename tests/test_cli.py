@@ -24,6 +24,17 @@ def test_run_writes_config_records_summary_and_never_overwrites(tmp_path, capsys
     assert len(list(tmp_path.iterdir())) == 2
 
 
+def test_index_memory_is_measured_only_when_asked(tmp_path) -> None:
+    base = ["run", "--workload", "multi-turn-chat", "--backend", "hashchain", *TINY]
+    summaries = []
+    for extra, out in (([], "plain"), (["--index-memory"], "measured")):
+        assert main([*base, "--out", str(tmp_path / out), *extra]) == 0
+        (folder,) = (tmp_path / out).iterdir()
+        summaries.append(json.loads((folder / "summary.json").read_text()))
+    assert summaries[0]["index_bytes"] is None
+    assert summaries[1]["index_bytes"] > 0 and summaries[1]["index_bytes_per_cached_token"] > 0
+
+
 @pytest.mark.parametrize(
     "flag, value, valid",
     [("--workload", "nope", "few-shot"), ("--backend", "nope", "none"), ("--scheduler", "nope", "lpm")],

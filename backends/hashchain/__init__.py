@@ -8,5 +8,6 @@ SlidingWindowManager), kv_cache_coordinator (Unitary / Hybrid), kv_cache_manager
 """
 
 from prefixcache.backends.hashchain.backend import HashChainCache
+from prefixcache.backends.hashchain.hashing import HASH_FUNCTIONS, BlockHasher, get_hash_fn
 
-__all__ = ["HashChainCache"]
+__all__ = ["HASH_FUNCTIONS", "BlockHasher", "HashChainCache", "get_hash_fn"]

@@ -13,11 +13,7 @@ from operator import attrgetter
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
-from prefixcache.backends.hashchain.hashing import (
-    BlockHash,
-    BlockHashWithGroupId,
-    make_block_hash_with_group_id,
-)
+from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId
 
 from prefixcache.interface import ensure
 
@@ -69,31 +65,29 @@ class BlockPool:
     # ---------------------------------------------------------------- state changes
     def cache_full_blocks(
         self,
-        block_hashes: Sequence[BlockHash],
+        block_keys: Sequence[BlockHashWithGroupId],
         blocks: Sequence[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
-        block_size: int,
-        kv_cache_group_id: int,
     ) -> None:
-        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their chained hashes.
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their keys.
 
-        We take the request's block hashes rather than the request (the pool stays hash-agnostic).
+        vLLM takes the request and the group id; we take the request's keys of that group
+        (``RequestHashes.keys``, built once per block), so the pool stays hash-agnostic.
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        if len(block_hashes) < num_full_blocks:
-            raise ValueError(f"{num_full_blocks} full blocks but only {len(block_hashes)} block hashes")
+        if len(block_keys) < num_full_blocks:
+            raise ValueError(f"{num_full_blocks} full blocks but only {len(block_keys)} block keys")
         new_blocks: list[KVCacheBlock] = []
         keys: list[BlockHashWithGroupId] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:  # sliding-window placeholder: nothing to cache
                 continue
-            key = make_block_hash_with_group_id(block_hashes[i], kv_cache_group_id)
-            block.block_hash = key  # raises if it has one
+            block.block_hash = block_keys[i]  # raises if it has one
             new_blocks.append(block)
-            keys.append(key)
+            keys.append(block_keys[i])
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockPool
-from prefixcache.backends.hashchain.hashing import BlockHash, RequestHashes
+from prefixcache.backends.hashchain.hashing import RequestHashes
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import (
     AttentionGroupSpec,
     SingleTypeKVCacheManager,
@@ -91,9 +91,9 @@ class KVCacheCoordinator(ABC):
         num_full = num_tokens // self.block_size
         return max(num_full - m.num_cached_block[request_id] for m in self.single_type_managers)
 
-    def cache_blocks(self, block_hashes: Sequence[BlockHash], request_id: str, num_tokens: int) -> None:
+    def cache_blocks(self, hashes: RequestHashes, request_id: str, num_tokens: int) -> None:
         for manager in self.single_type_managers:
-            manager.cache_blocks(block_hashes, request_id, num_tokens)
+            manager.cache_blocks(hashes, request_id, num_tokens)
 
     def free(self, request_id: str, reverse: bool) -> None:
         """Each group frees its blocks, group 0 first, each last block first when ``reverse``."""
@@ -106,6 +106,13 @@ class KVCacheCoordinator(ABC):
 
     def is_running(self, request_id: str) -> bool:
         return request_id in self.single_type_managers[0].req_to_blocks
+
+    def extends_in_place(self, request_id: str, num_tokens_need_slot: int, num_tokens: int) -> bool:
+        """Whether a running request's allocation for ``num_tokens_need_slot`` slots (of which
+        ``num_tokens`` have tokens) changes nothing: every group already holds the blocks, no
+        block became full and none left a window. Most decode steps; measured against the
+        general path in tests/bench."""
+        return False
 
     def min_blocks_to_fit(self, num_tokens: int) -> int:
         """A lower bound on the pool blocks a request of ``num_tokens`` tokens ever holds at
@@ -124,6 +131,16 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(self, hashes: RequestHashes, max_length: int) -> tuple[KVCacheBlocks, int]:
         blocks, length = self.single_type_managers[0].find_longest_cache_hit(hashes, max_length, [0])
         return tuple(blocks), length
+
+    def extends_in_place(self, request_id: str, num_tokens_need_slot: int, num_tokens: int) -> bool:
+        # One full-attention group: nothing leaves a window, so holding the blocks and having
+        # cached every full one is all it takes. (Hybrid: always the general path.)
+        manager = self.single_type_managers[0]
+        size = self.block_size
+        return (
+            -(-num_tokens_need_slot // size) <= len(manager.req_to_blocks[request_id])
+            and num_tokens // size <= manager.num_cached_block[request_id]
+        )
 
     def revalidate_cache_hit(
         self, hashes: RequestHashes, hit_blocks: KVCacheBlocks, max_length: int

@@ -86,6 +86,10 @@ class KVCacheManager:
         # [num_computed_tokens, num_tokens_need)   to be computed now: needs slots
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens
+        if running and coordinator.extends_in_place(
+            request_id, num_tokens_need_slot, min(num_tokens_need_slot, request.num_tokens)
+        ):
+            return hits  # no new block in any group
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, hits, num_computed_tokens
         )
@@ -102,7 +106,7 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
         if self.coordinator.num_blocks_to_cache(request.request_id, num_tokens) > 0:
-            self.coordinator.cache_blocks(self.hasher.block_hashes(request), request.request_id, num_tokens)
+            self.coordinator.cache_blocks(self.hasher.request_hashes(request), request.request_id, num_tokens)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, last block first (vLLM's order).

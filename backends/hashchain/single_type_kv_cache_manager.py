@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockPool
-from prefixcache.backends.hashchain.hashing import BlockHash, RequestHashes
+from prefixcache.backends.hashchain.hashing import RequestHashes
 
 ATTENTION_KINDS = ("full", "sliding_window")
 
@@ -140,18 +140,13 @@ class SingleTypeKVCacheManager:
         blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, block_hashes: Sequence[BlockHash], request_id: str, num_tokens: int) -> None:
+    def cache_blocks(self, hashes: RequestHashes, request_id: str, num_tokens: int) -> None:
         num_cached = self.num_cached_block[request_id]
         num_full = num_tokens // self.block_size
         if num_full <= num_cached:
             return
         self.block_pool.cache_full_blocks(
-            block_hashes,
-            self.req_to_blocks[request_id],
-            num_cached,
-            num_full,
-            self.block_size,
-            self.kv_cache_group_id,
+            hashes.keys(self.kv_cache_group_id), self.req_to_blocks[request_id], num_cached, num_full
         )
         self.num_cached_block[request_id] = num_full
 

@@ -29,8 +29,7 @@ import pandas as pd
 from prefixcache.experiments.bounds import dfs_weight_order
 from prefixcache.experiments.workloads import make_workload
 
-from prefixcache import CacheConfig, PrefixCache, Request, make_cache
-from prefixcache.engine import Engine
+from prefixcache import CacheConfig, Engine, PrefixCache, Request, make_cache
 
 SCALES = ("tiny", "default", "full")
 OFFLINE_DFS = "dfs-offline"

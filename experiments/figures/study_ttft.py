@@ -25,7 +25,7 @@ from prefixcache.experiments.figures.common import (
 )
 from prefixcache.experiments.metrics import isolated_ttft_s
 
-from prefixcache.engine import CostModel
+from prefixcache import CostModel
 
 STUDY = "ttft"
 BACKENDS = [("radix", 1), ("hashchain", 16), ("none", 16)]

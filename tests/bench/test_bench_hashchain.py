@@ -19,6 +19,7 @@ from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, Block
 from prefixcache.backends.hashchain.hashing import BlockHash
 
 from prefixcache import CacheConfig, Request, make_cache
+from tests.helpers import keyed
 
 BLOCK = 16
 NUM_BLOCKS = 2048
@@ -59,8 +60,8 @@ def full_pool_of_cached_free_blocks() -> Any:
     """A pool whose NUM_BLOCKS usable blocks are all free and all carry a hash."""
     pool = BlockPool(NUM_BLOCKS + 1)
     blocks = pool.get_new_blocks(NUM_BLOCKS)
-    pool.cache_full_blocks([BlockHash(i.to_bytes(32, "big")) for i in range(NUM_BLOCKS)], blocks, 0,
-                           NUM_BLOCKS, BLOCK, 0)
+    hashes = [BlockHash(i.to_bytes(32, "big")) for i in range(NUM_BLOCKS)]
+    pool.cache_full_blocks(keyed(hashes, 0), blocks, 0, NUM_BLOCKS)
     pool.free_blocks(blocks)
     return pool
 
@@ -127,3 +128,20 @@ def test_bench_caching_blocks(benchmark, form: str) -> None:  # type: ignore[no-
 
     benchmark.group = "cache 2048 blocks in the hash map"
     assert benchmark.pedantic(insert, setup=lambda: ((BlockHashToBlockMap(),), {}), rounds=50) == NUM_BLOCKS
+
+
+@pytest.mark.parametrize("form", ["extends_in_place", "general path"])
+def test_bench_decode_step_inside_a_block(benchmark, form: str) -> None:  # type: ignore[no-untyped-def]
+    """A running request's allocation that needs nothing (most decode steps): the in-place
+    check of the unitary coordinator vs vLLM's general path (its count, skip, allocate and
+    cache steps, each finding nothing to do)."""
+    cache = make_cache("hashchain", CacheConfig(64 * BLOCK, BLOCK))
+    req = Request("r", PROMPT[: 4 * BLOCK + 1])
+    assert cache.allocate(req, req.num_tokens)
+    manager = cache.manager
+    if form == "general path":
+        manager.coordinator.extends_in_place = lambda *args: False  # type: ignore[method-assign]
+    req.num_computed_tokens = req.num_tokens - 1  # the last token's slot: inside block 5
+
+    benchmark.group = "decode step inside a block (allocate_slots for 1 token)"
+    assert benchmark(manager.allocate_slots, req, 1) == ([],)
