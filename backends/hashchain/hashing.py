@@ -162,7 +162,8 @@ class RequestHashes:
         """The keys of group ``group_id`` for every hash so far (each key is built once)."""
         keys = self._keys.setdefault(group_id, [])
         if len(keys) < len(self.hashes):
-            keys += [make_block_hash_with_group_id(h, group_id) for h in self.hashes[len(keys) :]]
+            suffix = group_id_suffix(group_id)  # as make_block_hash_with_group_id, per list
+            keys += [h + suffix for h in self.hashes[len(keys) :]]  # type: ignore[misc]
         return keys
 
 
@@ -190,17 +191,17 @@ class BlockHasher:
         hashes = record.hashes
         size = self.block_size
         start = len(hashes) * size
-        if start + size > req.num_tokens:
+        end = req.num_tokens // size * size  # [start, end): the blocks full since the last call
+        if start >= end:
             return record
-        tokens = req.all_token_ids
         parent = hashes[-1] if hashes else self.none_hash
         needs_extra_keys = req.lora_name is not None or req.mm_hashes or req.cache_salt is not None
-        while start + size <= req.num_tokens:
-            end = start + size
-            extra = generate_block_hash_extra_keys(req, start, end) if needs_extra_keys else None
-            parent = hash_block_tokens(self.hash_fn, parent, tokens[start:end], extra)
+        tokens = iter(req.all_token_ids[start:end])
+        blocks = zip(*[tokens] * size, strict=True)  # the new full blocks as token tuples, cut in C
+        for first, block in zip(range(start, end, size), blocks, strict=True):
+            extra = generate_block_hash_extra_keys(req, first, first + size) if needs_extra_keys else None
+            parent = hash_block_tokens(self.hash_fn, parent, block, extra)
             hashes.append(parent)
-            start = end
         return record
 
     def block_hashes(self, req: Request) -> list[BlockHash]:

@@ -132,6 +132,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         blocks, length = self.single_type_managers[0].find_longest_cache_hit(hashes, max_length, [0])
         return tuple(blocks), length
 
+    def min_blocks_to_fit(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)  # one full-attention group holds every block
+
     def extends_in_place(self, request_id: str, num_tokens_need_slot: int, num_tokens: int) -> bool:
         # One full-attention group: nothing leaves a window, so holding the blocks and having
         # cached every full one is all it takes. (Hybrid: always the general path.)

@@ -86,9 +86,8 @@ class KVCacheManager:
         # [num_computed_tokens, num_tokens_need)   to be computed now: needs slots
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens
-        if running and coordinator.extends_in_place(
-            request_id, num_tokens_need_slot, min(num_tokens_need_slot, request.num_tokens)
-        ):
+        num_tokens = min(num_tokens_need_slot, request.num_tokens)  # slots whose token exists
+        if running and coordinator.extends_in_place(request_id, num_tokens_need_slot, num_tokens):
             return hits  # no new block in any group
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, hits, num_computed_tokens
@@ -100,7 +99,7 @@ class KVCacheManager:
             coordinator.save_new_computed_blocks(request_id, hits, num_computed_tokens)
         new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
         # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token).
-        self.cache_blocks(request, min(num_tokens_need_slot, request.num_tokens))
+        self.cache_blocks(request, num_tokens)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
