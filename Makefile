@@ -45,4 +45,6 @@ lint: $(STAMP)
 	$(BIN)/mypy prefixcache backends
 
 clean:
-	rm -rf $(VENV) results .hypothesis
+	rm -rf $(VENV) .hypothesis
+	# results/bench/ is committed (measured by make bench / make upstream only)
+	find results -mindepth 1 -maxdepth 1 ! -name bench -exec rm -rf {} + 2>/dev/null || true

@@ -41,7 +41,7 @@ def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) 
     except FileNotFoundError as e:
         pytest.skip(f"trace data not available: {e}")
     results, paper = tmp_path / "results", tmp_path / "paper"
-    argv = ["--scale", "tiny", "--out", str(results), "--paper", str(paper), "--no-pdf", "--skip-bench",
+    argv = ["--scale", "tiny", "--out", str(results), "--paper", str(paper), "--no-pdf",
             "--jobs", "1"]
     assert reproduce.main(argv) == 0
     figures, inputs = included(MAIN_TEX.read_text())

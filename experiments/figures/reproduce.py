@@ -6,10 +6,11 @@ installed (figures and tables are made either way).
     python -m prefixcache.experiments.figures.reproduce --scale full      # longer, whole traces
 
 Scales: ``tiny`` (the end-to-end test, seconds), ``default``, ``full``. The operation-cost
-figure reads ``results/bench/ops.csv`` and ``replay.csv``; if they are missing,
-``bench --quick`` and a 200-request replay make them (the full benches at full scale; no
-replay at tiny scale). The kernel figure reads ``results/kernel_bench/results.csv`` if a GPU
-run left one, and otherwise says the kernel was not measured.
+figure reads ``results/bench/`` (ops, replay, upstream): wall-clock measurements that no rerun
+reproduces byte for byte, so they are committed and only ``make bench`` / ``make upstream``
+rewrite them; reproduce never runs a benchmark. The kernel figure reads
+``results/kernel_bench/results.csv`` if a GPU run left one, and otherwise says the kernel was
+not measured.
 """
 
 from __future__ import annotations
@@ -45,25 +46,6 @@ FIGURES = [fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_ttft
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 
-def run_bench(results: Path, scale: str, force: bool) -> None:
-    ops = results / "bench" / "ops.csv"
-    if force or not ops.exists():
-        from prefixcache.experiments import bench
-
-        quick = [] if scale == "full" else ["--quick", "--repeat", "2"]
-        bench.main(["--out", str(results / "bench"), *quick])
-    replay = results / "bench" / "replay.csv"
-    if scale == "tiny" or (replay.exists() and not force):
-        return
-    from prefixcache.experiments import bench_replay
-
-    quick = [] if scale == "full" else ["--limit", "200", "--repeat", "1"]  # full: 1000, 3 rounds
-    try:
-        bench_replay.main(["--out", str(replay), *quick])
-    except FileNotFoundError as exc:  # no traces beside the checkout
-        print(f"replay bench skipped: {exc}")
-
-
 def build_pdf(paper: Path) -> bool:
     """latexmk (else pdflatex + bibtex) in ``paper``; False, with how to install, if absent."""
     if shutil.which("latexmk"):
@@ -91,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paper", default=str(plotting.PAPER), help="paper folder (figures/, generated/)")
     ap.add_argument("--jobs", type=int, default=2, help="processes per study")
     ap.add_argument("--no-pdf", action="store_true", help="skip the LaTeX build")
-    ap.add_argument("--skip-bench", action="store_true", help="never run the operation-cost bench")
     a = ap.parse_args(argv)
     results, paper = Path(a.out), Path(a.paper)
     t0 = time.perf_counter()
@@ -99,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         study.run(results, a.scale, a.force, a.jobs)
         print(f"  {study.STUDY}: {time.perf_counter() - t:.1f} s")
-    if not a.skip_bench:
-        run_bench(results, a.scale, a.force)
     plotting.style()
     for fig in FIGURES:
         for p in fig.make(results, paper):
