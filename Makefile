@@ -27,15 +27,15 @@ mutants: $(STAMP)
 	$(BIN)/python -m tests.mutants
 
 bench: $(STAMP)
-	$(BIN)/python -m prefixcache.experiments.bench
-	$(BIN)/python -m prefixcache.experiments.bench_replay
-	$(BIN)/python -m prefixcache.experiments.bench_hashing
+	$(BIN)/python -m prefixcache.experiments.bench.ops
+	$(BIN)/python -m prefixcache.experiments.bench.replay
+	$(BIN)/python -m prefixcache.experiments.bench.hashing
 	$(BIN)/python -m pytest -q -p no:cacheprovider --benchmark-only tests/bench
 
 # Our backends against vLLM's and SGLang's own code (a separate venv; not part of CI).
 upstream: $(STAMP)
 	test -x .venv-upstream/bin/python || bash experiments/upstream/setup_venv.sh
-	.venv-upstream/bin/python -m prefixcache.experiments.vs_upstream
+	.venv-upstream/bin/python -m prefixcache.experiments.upstream.vs_upstream
 
 reproduce: $(STAMP)
 	$(BIN)/python -m prefixcache reproduce --scale $(SCALE) $(if $(FORCE),--force,)

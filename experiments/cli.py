@@ -67,7 +67,7 @@ def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"unknown backend {cfg['backend']!r}; valid: {', '.join(available_backends())}")
     make_scheduler(cfg["scheduler"])
     if not cfg["trace"]:
-        from prefixcache.experiments.workloads import make_workload
+        from prefixcache.experiments.inputs.workloads import make_workload
 
         make_workload(cfg["workload"], **cfg["params"])
     return cfg
@@ -75,12 +75,12 @@ def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def build_requests(cfg: dict[str, Any]) -> Any:
     if cfg["trace"]:
-        from prefixcache.experiments.traces import iter_requests, read_trace
+        from prefixcache.experiments.inputs.traces import iter_requests, read_trace
 
         records = read_trace(cfg["trace"])
         n = len(records) if cfg["limit"] is None else min(len(records), cfg["limit"])
         return iter_requests(records, limit=cfg["limit"], seed=cfg["seed"]), n
-    from prefixcache.experiments.workloads import make_workload
+    from prefixcache.experiments.inputs.workloads import make_workload
 
     reqs = make_workload(cfg["workload"], seed=cfg["seed"], **cfg["params"]).generate()
     return reqs, len(reqs)
@@ -98,7 +98,12 @@ def execute(
 
     index_memory_bytes: also measure the cache's bookkeeping deeply (pympler walks every
     object: minutes for a multi-million-token pool, so only on request)."""
-    from prefixcache.experiments.metrics import granularity_loss, index_memory, records_frame, summarize
+    from prefixcache.experiments.analysis.metrics import (
+        granularity_loss,
+        index_memory,
+        records_frame,
+        summarize,
+    )
 
     folder = out_root / run_name(cfg)
     if (folder / "summary.json").exists():
@@ -197,7 +202,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from prefixcache.experiments.traces import MOONCAKE_BLOCK, infinite_cache_block_hit_rate, read_trace
+    from prefixcache.experiments.inputs.traces import (
+        MOONCAKE_BLOCK,
+        infinite_cache_block_hit_rate,
+        read_trace,
+    )
 
     records = read_trace(args.path)
     blocks = [h for r in records for h in r.hash_ids]

@@ -6,7 +6,7 @@ import itertools
 import random
 
 import pytest
-from prefixcache.experiments.bounds import (
+from prefixcache.experiments.analysis.bounds import (
     BlockTrace,
     belady_hits,
     block_trace,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from prefixcache.experiments.cli import main
-from prefixcache.experiments.traces import TraceRecord, write_mooncake
+from prefixcache.experiments.inputs.traces import TraceRecord, write_mooncake
 
 TINY = ["--param", "conversations=2", "--param", "turns=2", "--capacity-tokens", "4096"]
 

@@ -6,7 +6,7 @@ import zlib
 from collections.abc import Callable
 
 import pytest
-from prefixcache.experiments.bounds import dfs_weight_order
+from prefixcache.experiments.analysis.bounds import dfs_weight_order
 
 from prefixcache import CacheConfig, Match, Request, available_backends, make_cache
 from prefixcache.engine import Engine

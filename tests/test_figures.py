@@ -15,7 +15,7 @@ pytest.importorskip("seaborn")
 
 from prefixcache.experiments.figures import reproduce  # noqa: E402
 from prefixcache.experiments.figures.common import cell_name  # noqa: E402
-from prefixcache.experiments.traces import data_dir  # noqa: E402
+from prefixcache.experiments.inputs.traces import data_dir  # noqa: E402
 
 MAIN_TEX = Path(__file__).resolve().parents[1] / "paper" / "main.tex"
 

@@ -189,7 +189,7 @@ class CountingEngine(Engine):
 def test_an_engine_run_matches_each_request_once_per_scheduling_decision(
     backend: str, scheduler: str
 ) -> None:
-    from prefixcache.experiments.workloads import make_workload
+    from prefixcache.experiments.inputs.workloads import make_workload
 
     cache = make_cache(backend, CacheConfig(64 * B, B))
     engine = CountingEngine(cache, scheduler, token_budget=48, check_invariants=True)

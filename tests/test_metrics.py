@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prefixcache.experiments.metrics import (
+from prefixcache.experiments.analysis.metrics import (
     block_hit_rate,
     granularity_loss,
     records_frame,
@@ -69,7 +69,7 @@ def test_granularity_loss_is_the_token_hit_modulo_the_page() -> None:
 
 @pytest.mark.parametrize("backend, page", [("hashchain", 16), ("radix", 1), ("radix", 16)])
 def test_index_memory_grows_with_cached_entries_and_shrinks_when_evicted(backend: str, page: int) -> None:
-    from prefixcache.experiments.metrics import index_memory
+    from prefixcache.experiments.analysis.metrics import index_memory
 
     from prefixcache import CacheConfig, Request, make_cache
     from tests.helpers import run_to_completion, tokens

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prefixcache.experiments.traces import TraceRecord, iter_requests
+from prefixcache.experiments.inputs.traces import TraceRecord, iter_requests
 
 from prefixcache import CacheConfig, Engine, Request, make_cache
 

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from prefixcache.experiments.bench import count_calls, cycle, fill, random_tokens
+from prefixcache.experiments.bench.ops import count_calls, cycle, fill, random_tokens
 
 from prefixcache import CacheConfig, Request, make_cache
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prefixcache.experiments.traces import (
+from prefixcache.experiments.inputs.traces import (
     MOONCAKE_BLOCK,
     TraceError,
     TraceRecord,

@@ -1,7 +1,7 @@
 """Our backends replay request sequences recorded from vLLM's and SGLang's own code.
 
 The fixtures (tests/fixtures/upstream/*.json) were written by
-``experiments/vs_upstream.py --record`` from vLLM 0.33.0's KVCacheManager and SGLang 0.5.23's
+``experiments/upstream/vs_upstream.py --record`` from vLLM 0.33.0's KVCacheManager and SGLang 0.5.23's
 RadixCache + allocator; replaying them needs neither. Per request, the hit length and the
 physical page ids (vLLM block ids; SGLang slot // page_size) must match exactly, and so must the
 pool usage (free / evictable / in use pages) after every operation.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prefixcache.experiments.workloads import available_workloads, make_workload
+from prefixcache.experiments.inputs.workloads import available_workloads, make_workload
 
 
 @pytest.mark.parametrize("name", available_workloads())

@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefixcache.experiments.bounds import dfs_weight_order
-from prefixcache.experiments.workloads import make_workload
+from prefixcache.experiments.analysis.bounds import dfs_weight_order
+from prefixcache.experiments.inputs.workloads import make_workload
 
 from prefixcache import CacheConfig, Engine, PrefixCache, Request, make_cache
 
 SCALES = ("tiny", "default", "full")
 OFFLINE_DFS = "dfs-offline"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Traces are read in place from the shared data folder (see experiments/traces.py).
+# Traces are read in place from the shared data folder (see experiments/inputs/traces.py).
 MOONCAKE_TRACES = {
     "mooncake-conversation": "mooncake_conversation_trace.jsonl",
     "mooncake-synthetic": "mooncake_synthetic_trace.jsonl",
@@ -100,7 +100,7 @@ def make_requests(config: dict[str, Any]) -> list[Request]:
     """Fresh requests for a cell (requests are mutated by a run, so never shared)."""
     source = config["source"]
     if source in MOONCAKE_TRACES:
-        from prefixcache.experiments.traces import read_mooncake, to_requests
+        from prefixcache.experiments.inputs.traces import read_mooncake, to_requests
 
         records = read_mooncake(MOONCAKE_TRACES[source])
         return to_requests(records, limit=config["limit"], prefix=source)

@@ -1,5 +1,5 @@
 """Figure: paged-attention kernel bandwidth (decode) and TFLOP/s (extend) against page size,
-from ``results/kernel_bench/results.csv`` (GPU only, ``prefixcache.experiments.kernel_bench``).
+from ``results/kernel_bench/results.csv`` (GPU only, ``prefixcache.experiments.bench.kernel``).
 Without it the figure says so and the text claims no kernel numbers. Writes
 ``figures/kernel`` and ``generated/kernel.tex``."""
 

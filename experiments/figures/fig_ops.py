@@ -1,5 +1,5 @@
 """Figure: cost of cache operations against prompt length and cache size, from
-``results/bench/ops.csv`` (written by ``prefixcache.experiments.bench``). Writes
+``results/bench/ops.csv`` (written by ``prefixcache.experiments.bench.ops``). Writes
 ``figures/ops`` and ``generated/ops.tex``."""
 
 from __future__ import annotations

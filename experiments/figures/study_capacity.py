@@ -2,7 +2,7 @@
 
 Caches: hashchain-LRU (vLLM), radix-LRU, radix-LFU and radix-SLRU (SGLang policies), all at
 page size 16 so only the index and the eviction policy differ. Ceilings from
-``experiments/bounds.py``: the infinite cache, the offline optimum (Belady) and the block-LRU
+``experiments/analysis/bounds.py``: the infinite cache, the offline optimum (Belady) and the block-LRU
 model (Mattson stack distances) at each capacity.
 
 Mooncake traces hash 512-token blocks: a prompt is rebuilt from its block ids, so two prompts
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefixcache.experiments import bounds
+from prefixcache.experiments.analysis import bounds
 from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
     cell_config,
@@ -31,7 +31,11 @@ from prefixcache.experiments.figures.common import (
     save_study,
     study_main,
 )
-from prefixcache.experiments.traces import infinite_cache_block_hit_rate, mooncake_prompt, read_mooncake
+from prefixcache.experiments.inputs.traces import (
+    infinite_cache_block_hit_rate,
+    mooncake_prompt,
+    read_mooncake,
+)
 
 STUDY = "capacity"
 PAGE = 16

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefixcache.experiments import bounds
-from prefixcache.experiments.bounds import dfs_weight_order
+from prefixcache.experiments.analysis import bounds
+from prefixcache.experiments.analysis.bounds import dfs_weight_order
 from prefixcache.experiments.figures.common import (
     cell_config,
     cell_name,

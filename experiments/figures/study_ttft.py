@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prefixcache.experiments.analysis.metrics import isolated_ttft_s
 from prefixcache.experiments.figures.common import (
     cell_config,
     cell_name,
@@ -23,7 +24,6 @@ from prefixcache.experiments.figures.common import (
     save_study,
     study_main,
 )
-from prefixcache.experiments.metrics import isolated_ttft_s
 
 from prefixcache import CostModel
 

@@ -3,5 +3,5 @@
 
 ``scenarios`` and ``ours`` need nothing but prefixcache (CI replays recorded fixtures with
 them); ``vllm_driver`` and ``sglang_driver`` import the upstream packages and are only used by
-``experiments/vs_upstream.py``.
+``experiments/upstream/vs_upstream.py``.
 """

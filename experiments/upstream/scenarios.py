@@ -207,7 +207,7 @@ def mooncake(page_size: int, num_requests: int = 200, max_output: int = 16,
     """The first ``num_requests`` requests of the Mooncake conversation trace, one after
     another, each decoding up to ``max_output`` tokens, in a pool that must evict: real
     prompts (about 13k tokens each) for timing the upstream code. None without the trace."""
-    from prefixcache.experiments.traces import iter_requests, read_mooncake
+    from prefixcache.experiments.inputs.traces import iter_requests, read_mooncake
 
     try:
         records = read_mooncake("mooncake_conversation_trace.jsonl")

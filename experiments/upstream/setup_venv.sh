@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds .venv-upstream: vLLM 0.33.0 and SGLang 0.5.23 importable on CPU, for
-# experiments/vs_upstream.py (not needed by the tests: they replay recorded fixtures).
+# experiments/upstream/vs_upstream.py (not needed by the tests: they replay recorded fixtures).
 # Everything goes in with --no-deps: vllm's and sglang's declared deps pull a multi-GB CUDA torch.
 # requirements-upstream.txt pins the packages their import chains actually need (found one
 # ImportError at a time). torchvision is NOT installed (PyPI's wheels are CUDA builds that do

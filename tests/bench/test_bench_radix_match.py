@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from prefixcache.backends.radix import RadixKey
-from prefixcache.experiments.bench_radix_match import SIZES, loop_match
+from prefixcache.experiments.bench.radix_match import SIZES, loop_match
 
 
 def pair(n: int) -> tuple[list[int], list[int]]:

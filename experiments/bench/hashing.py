@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prefixcache.backends.hashchain import HASH_FUNCTIONS, BlockHasher, get_hash_fn
-from prefixcache.experiments.bench import write_rows_csv
+from prefixcache.experiments.bench.ops import write_rows_csv
 
 from prefixcache import CacheConfig, Request, make_cache
 

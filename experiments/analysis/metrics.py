@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefixcache.experiments.bounds import block_trace, infinite_cache_hits
+from prefixcache.experiments.analysis.bounds import block_trace, infinite_cache_hits
 
 from prefixcache import CostModel, PrefixCache, RequestRecord
 

@@ -28,7 +28,7 @@ import numpy as np
 from prefixcache import Request
 
 MOONCAKE_BLOCK = 512
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True, slots=True)

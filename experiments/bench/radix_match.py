@@ -1,6 +1,6 @@
 """Galloping RadixKey.match vs SGLang's per-token Python loop, one line per prefix length.
 
-    python -m prefixcache.experiments.bench_radix_match
+    python -m prefixcache.experiments.bench.radix_match
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from prefixcache.experiments.bench import write_rows_csv
-from prefixcache.experiments.traces import TraceRecord, iter_requests, read_mooncake
+from prefixcache.experiments.bench.ops import write_rows_csv
+from prefixcache.experiments.inputs.traces import TraceRecord, iter_requests, read_mooncake
 
 from prefixcache import CacheConfig, Engine, Request, make_cache
 
@@ -40,7 +40,7 @@ VARIANTS: list[tuple[str, str, int, dict[str, Any]]] = [
     ("radix-p16", "radix", 16, {}),
 ]
 TRACES = {"conversation": "mooncake_conversation_trace.jsonl", "synthetic": "mooncake_synthetic_trace.jsonl"}
-OUT = Path(__file__).resolve().parents[1] / "results" / "bench" / "replay.csv"
+OUT = Path(__file__).resolve().parents[2] / "results" / "bench" / "replay.csv"
 
 
 class _TimedRequests:

@@ -1,7 +1,7 @@
 """Our backends against vLLM's and SGLang's own code, request by request.
 
-    .venv-upstream/bin/python experiments/vs_upstream.py            # compare and time
-    .venv-upstream/bin/python experiments/vs_upstream.py --record tests/fixtures/upstream
+    .venv-upstream/bin/python experiments/upstream/vs_upstream.py            # compare and time
+    .venv-upstream/bin/python experiments/upstream/vs_upstream.py --record tests/fixtures/upstream
 
 Every scenario of ``experiments/upstream/scenarios.py`` is replayed through vLLM 0.33.0's
 KVCacheManager (hashchain) and/or SGLang 0.5.23's RadixCache + allocator (radix), and through
@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from prefixcache.experiments.bench import write_rows_csv
+from prefixcache.experiments.bench.ops import write_rows_csv
 from prefixcache.experiments.upstream.ours import compare, replay_ours
 from prefixcache.experiments.upstream.scenarios import all_scenarios
 
@@ -33,7 +33,7 @@ from prefixcache import available_backends
 
 BACKEND = {"vllm": "hashchain", "sglang": "radix"}
 REPEAT = 5  # runs of each side, alternating; the best time of each is kept
-OUT = Path(__file__).resolve().parents[1] / "results" / "bench" / "upstream.csv"
+OUT = Path(__file__).resolve().parents[2] / "results" / "bench" / "upstream.csv"
 VERSION = {"vllm": "vllm 0.33.0 vllm/v1/core", "sglang": "sglang 0.5.23 mem_cache/radix_cache.py"}
 NOTES = {
     "vllm": "KVCacheManager, one full-attention group, sha256 block hashes, driven as its scheduler does",

@@ -1,0 +1,1 @@
+"""Benchmarks: operation cost, whole-trace replay, hashing, radix matching, the GPU kernel."""

@@ -1,0 +1,1 @@
+"""Inputs: built-in synthetic workloads and real-trace readers."""
