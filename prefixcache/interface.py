@@ -191,6 +191,7 @@ class PrefixCache(ABC, Generic[S]):
         """``match`` as it holds now: itself if the index has not changed since it was taken,
         else revalidated as ``allocate`` would. ValueError if it is not this cache's match of
         its request at the request's current length."""
+        _check_match_type(match)
         self._check_request(match.request)
         return self._current(match.request, match)
 
@@ -324,8 +325,7 @@ class PrefixCache(ABC, Generic[S]):
     def _current(self, req: Request, match: Match) -> Match:
         """``match`` checked to be this cache's match of ``req`` at its length, revalidated if
         the index changed since it was taken."""
-        if not isinstance(match, Match):
-            raise ValueError(f"match must be a Match from lookup, got {type(match).__name__}")
+        _check_match_type(match)
         if match.cache is not self:
             raise ValueError(f"the match of {match.request.request_id!r} was taken from another cache")
         if match.request is not req:
@@ -379,6 +379,11 @@ class PrefixCache(ABC, Generic[S]):
                 f"{what} of {req.request_id!r}, which is not live (never allocated or already released)"
             )
         return live
+
+def _check_match_type(match: object) -> None:
+    if not isinstance(match, Match):
+        raise ValueError(f"match must be a Match from lookup, got {type(match).__name__}")
+
 
 def _check_count(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):

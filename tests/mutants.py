@@ -25,8 +25,8 @@ SUITES = [
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "hashchain: no n-1 cap": (
         "backends/hashchain/kv_cache_manager.py",
-        "max_cache_hit_length = request.num_tokens - 1",
-        "max_cache_hit_length = request.num_tokens",
+        "    return request.num_tokens - 1\n",
+        "    return request.num_tokens\n",
     ),
     "radix: no n-1 cap": (
         "backends/radix/backend.py",

@@ -44,6 +44,8 @@ def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) 
     argv = ["--scale", "tiny", "--out", str(results), "--paper", str(paper), "--no-pdf",
             "--jobs", "1"]
     assert reproduce.main(argv) == 0
+    # Wall-clock benches are committed measurements (make bench): reproduce never runs one.
+    assert not (results / "bench").exists()
     figures, inputs = included(MAIN_TEX.read_text())
     for f in figures:
         path = paper / f

@@ -140,6 +140,8 @@ def test_a_match_for_another_request_cache_or_length_is_refused(backend: str) ->
         cache.allocate(b, 1, match)
     with pytest.raises(ValueError, match="must be a Match"):
         cache.allocate(d, 1, 4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must be a Match"):
+        cache.revalidate(4)  # type: ignore[arg-type]
     assert not cache.is_live(b) and not cache.is_live(d)
 
 

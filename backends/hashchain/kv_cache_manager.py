@@ -18,6 +18,12 @@ from prefixcache.request import Request
 FREE_ORDERS = ("reverse", "forward")
 
 
+def max_cache_hit_length(request: Request) -> int:
+    """The last token is always recomputed (its logits are needed): a prompt of exactly k
+    blocks hits k - 1."""
+    return request.num_tokens - 1
+
+
 class KVCacheManager:
     """``free_order`` is our ablation switch; vLLM always frees a request's blocks reversed."""
 
@@ -44,12 +50,10 @@ class KVCacheManager:
         """The longest cached prefix of ``request`` in whole blocks (per group), and its
         length in tokens.
 
-        Pure: touches nothing, counts nothing. Capped at num_tokens - 1 so the last token is
-        always recomputed (its logits are needed); a prompt of exactly k blocks hits k - 1.
+        Pure: touches nothing, counts nothing. Capped (``max_cache_hit_length``).
         """
-        max_cache_hit_length = request.num_tokens - 1
         return self.coordinator.find_longest_cache_hit(
-            self.hasher.request_hashes(request), max_cache_hit_length
+            self.hasher.request_hashes(request), max_cache_hit_length(request)
         )
 
     def revalidate_computed_blocks(
@@ -57,7 +61,7 @@ class KVCacheManager:
     ) -> tuple[KVCacheBlocks, int]:
         """``get_computed_blocks`` after the index changed, given the blocks it returned then."""
         hashes = self.hasher.request_hashes(request)
-        return self.coordinator.revalidate_cache_hit(hashes, hit_blocks, request.num_tokens - 1)
+        return self.coordinator.revalidate_cache_hit(hashes, hit_blocks, max_cache_hit_length(request))
 
     # ---------------------------------------------------------------- write path
     def allocate_slots(
@@ -118,9 +122,6 @@ class KVCacheManager:
     # ---------------------------------------------------------------- queries
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         return self.coordinator.get_blocks(request_id)
-
-    def get_block_ids(self, request_id: str, group_id: int = 0) -> list[int]:
-        return [b.block_id for b in self.coordinator.single_type_managers[group_id].req_to_blocks[request_id]]
 
     def evict_blocks(self, block_ids: set[int]) -> int:
         return self.block_pool.evict_blocks(block_ids)
