@@ -19,6 +19,12 @@ to the next arrival (``arrivals.Arrivals`` reads the source lazily). Per-request
 ``records.RequestRecord``s are what the research layer analyses; simulated output tokens come
 from ``synthesis``.
 
+Decode-only stretches are taken at once (``multi_step``, on by default): when nothing waits or
+arrives, every running request decodes, none finishes and the cache reports that each step
+changes only reservations (``PrefixCache.decode_steps_in_place``: no page taken, evicted or
+published), ``run`` advances all those steps in one go, with the same records, clock and cache
+state as stepping one by one (tests/test_engine.py checks it on every built-in workload).
+
 One match per scheduling decision: a policy that looked a waiting request up (lpm) hands its
 match to the engine, which revalidates it if the index changed and passes it to ``allocate``;
 FCFS looks each request up once, right before admitting it.
@@ -55,6 +61,7 @@ class Engine:
         seed: int = 0,
         vocab_size: int = 32_000,
         check_invariants: bool = False,
+        multi_step: bool = True,
     ) -> None:
         for name, value in (("token_budget", token_budget), ("max_num_seqs", max_num_seqs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -68,6 +75,7 @@ class Engine:
         self.seed = seed
         self.vocab_size = vocab_size
         self.check_invariants = check_invariants
+        self.multi_step = multi_step
         self.records: dict[str, RequestRecord] = {}
         self.arrivals = Arrivals()
         self.waiting: deque[Request] = deque()
@@ -80,6 +88,7 @@ class Engine:
         self.peak_pages_in_use = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0
+        self.stretched_steps = 0  # steps taken inside decode stretches (see _decode_stretch)
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, req: Request) -> None:
@@ -117,7 +126,7 @@ class Engine:
             bar.update(self.num_finished)
             while self.has_unfinished():
                 before = self.num_finished
-                idle = idle + 1 if self.step() == 0 else 0
+                idle = idle + 1 if (self._decode_stretch() or self.step()) == 0 else 0
                 if idle > 2:
                     raise RuntimeError(f"engine made no progress at step {self.step_count}: {self.waiting!r}")
                 bar.update(self.num_finished - before)
@@ -229,6 +238,51 @@ class Engine:
             if num_output >= req.max_new_tokens:
                 self._finish(req)
         self.step_count += 1  # step numbers count from 0, as admission_step does
+
+    def _decode_stretch(self) -> int:
+        """``run``'s shortcut (``multi_step``): take at once the coming steps that would only
+        decode inside held pages: nothing waits or arrives before their last one starts, every
+        running request decodes in each (the budget covers them all), none finishes, and the
+        cache says each step changes nothing but the reservations (``decode_steps_in_place``).
+        The records, the clock and the cache end exactly as after stepping one by one. Returns
+        the tokens computed (0: take a normal step)."""
+        if not self.multi_step:
+            return 0
+        self._move_arrivals()  # as the step would begin
+        running = self.running
+        if self.model is not None or self.waiting or self._in_prefill:
+            return 0
+        if not 0 < len(running) <= self.token_budget:  # each running request decodes each step
+            return 0
+        steps = min(
+            min(self.cache.decode_steps_in_place(req), req.max_new_tokens - req.num_output_tokens - 1)
+            for req in running  # the step that emits a request's last token finishes it
+        )
+        dt = self.cost_model.step_time(0, len(running))
+        next_arrival = self.arrivals.next_time()
+        clock, taken = self.clock, 0
+        while taken < steps and not (taken and next_arrival is not None and next_arrival <= clock):
+            clock += dt  # as each step adds its time (the same float sum)
+            taken += 1
+        steps = taken
+        if steps < 2:
+            return 0  # a single step is just as quick the normal way
+        for req in running:
+            rec = self.records[req.request_id]
+            for _ in range(steps - 1):  # the tokens the reservation covers must exist
+                req.append_output_token_ids(self._next_output_token(req))
+            self._timed(req, self.cache.advance_in_place, req, steps)
+            req.num_computed_tokens += steps
+            self._timed(req, self.cache.commit)
+            req.append_output_token_ids(self._next_output_token(req))
+            rec.output_tokens = req.num_output_tokens
+        self.clock = clock
+        self.decode_tokens += steps * len(running)
+        self.step_count += steps
+        self.stretched_steps += steps
+        if self.check_invariants:
+            self.cache.check_invariants()
+        return steps * len(running)
 
     # ---------------------------------------------------------------- helpers
     def _read_arrivals(self) -> None:

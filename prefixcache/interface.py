@@ -115,7 +115,8 @@ class LiveRequest(Generic[S]):
 class PrefixCache(ABC, Generic[S]):
     """A prefix cache over a paged KV pool of ``config.num_pages`` pages, page 0 reserved.
 
-    State changes only through ``allocate``, ``commit``, ``release``, ``evict`` and ``reset``.
+    State changes only through ``allocate`` (and its decode shortcut ``advance_in_place``),
+    ``commit``, ``release``, ``evict`` and ``reset``.
     A request is *live* from its first successful ``allocate`` to its ``release``; while live,
     the pages it points at are pinned and never evicted. Invalid arguments raise ValueError and
     change nothing; running out of room is not an error (``allocate`` returns False).
@@ -194,6 +195,34 @@ class PrefixCache(ABC, Generic[S]):
         _check_match_type(match)
         self._check_request(match.request)
         return self._current(match.request, match)
+
+    def decode_steps_in_place(self, req: Request) -> int:
+        """How many decode steps the live ``req`` can take from here (each: ``allocate(req, 1)``,
+        its token computed, ``commit(req)``) that change nothing in the cache but its own
+        reservation: no page taken, freed, evicted, merged or published. 0 if it is not live,
+        not decoding (its reservation is not exactly its computed tokens), or the backend does
+        not say. ``advance_in_place`` takes that many at once; the engine uses it to skip
+        stretches of decode-only steps."""
+        live = self._live.get(req.request_id)
+        if live is None or live.request is not req or live.reserved != req.num_computed_tokens:
+            return 0
+        return self._decode_steps_in_place(req, live.state)
+
+    def advance_in_place(self, req: Request, num_steps: int) -> None:
+        """Reserve ``num_steps`` decode steps at once, as many ``allocate(req, 1)`` rounds would
+        (the caller then computes them, advances ``num_computed_tokens`` and commits). Only what
+        ``decode_steps_in_place`` allows: ValueError beyond it, or past the known tokens."""
+        _check_count("num_steps", num_steps, minimum=1)
+        allowed = self.decode_steps_in_place(req)
+        if num_steps > allowed:
+            self._live_record(req, "advance_in_place")  # not live: that error
+            raise ValueError(
+                f"advance_in_place of {req.request_id!r} by {num_steps} steps; only {allowed} "
+                "change nothing in the cache"
+            )
+        total = req.num_computed_tokens + num_steps
+        self._check_fits(req, total)
+        self._live[req.request_id].reserved = total
 
     def commit(self, req: Request) -> None:
         """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it."""
@@ -300,6 +329,10 @@ class PrefixCache(ABC, Generic[S]):
     @abstractmethod
     def _extend(self, req: Request, state: S, total_tokens: int) -> bool:
         """Grow the live request's room to ``total_tokens`` tokens; False (nothing changed) if short."""
+
+    def _decode_steps_in_place(self, req: Request, state: S) -> int:
+        """``decode_steps_in_place`` for a decoding live request; 0 unless the backend knows."""
+        return 0
 
     @abstractmethod
     def _commit(self, req: Request, state: S) -> None: ...

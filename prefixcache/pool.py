@@ -77,12 +77,16 @@ class PagePool:
         the extend fits in the request's last page)."""
         if n > self.num_free:
             return None  # SGLang raises out-of-memory here; we change nothing instead
-        if self.need_sort and max(n, merge_if_over or 0) > self._tail - self._head:
+        if self.would_merge(n, merge_if_over):
             self._merge_released()
         pages = self._buf[self._head : self._head + n].copy()
         self._head += n
         self._is_free[pages] = False
         return pages
+
+    def would_merge(self, n: int, merge_if_over: int | None = None) -> bool:
+        """Whether ``alloc(n, merge_if_over=...)`` merges the staged pages in first."""
+        return self.need_sort and max(n, merge_if_over or 0) > self._tail - self._head
 
     def free(self, pages: npt.ArrayLike) -> None:
         """Return pages to the pool, in the given order (which decides reuse order unless

@@ -19,6 +19,9 @@ SUITES = [
     "tests/test_oracle_hashchain.py",
     "tests/test_match.py",
     "tests/test_scaling.py",
+    "tests/test_engine.py::test_decode_steps_in_place_is_exact_and_tight",
+    "tests/test_engine.py::test_decode_stretches_change_no_record_and_no_cache_state",
+    "tests/test_engine.py::test_decode_stretch_stops_where_a_request_arrives",
 ]
 
 # name -> (file, original text, mutated text); every occurrence of the text is mutated
@@ -95,6 +98,21 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        blocks = self.free_block_queue.popleft_n(num_blocks)\n",
         "        self.free_block_queue.get_all_free_blocks()\n"
         "        blocks = self.free_block_queue.popleft_n(num_blocks)\n",
+    ),
+    "hashchain: a decode stretch reaches the token that fills a block": (
+        "backends/hashchain/kv_cache_coordinator.py",
+        "before_next_full = (manager.num_cached_block[request_id] + 1) * size - 1",
+        "before_next_full = (manager.num_cached_block[request_id] + 1) * size",
+    ),
+    "engine: a decode stretch runs past an arrival": (
+        "prefixcache/engine.py",
+        "while taken < steps and not (taken and next_arrival is not None and next_arrival <= clock):",
+        "while taken < steps:",
+    ),
+    "radix: a decode stretch while the pool must evict for it": (
+        "backends/radix/backend.py",
+        "if demand > self.pool.num_free * self.page_size or",
+        "if False or",
     ),
     "radix: salt not in the namespace": (
         "backends/radix/backend.py",

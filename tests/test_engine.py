@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
 
 import pytest
 from prefixcache.experiments.analysis.bounds import dfs_weight_order
+from prefixcache.experiments.inputs.workloads import available_workloads, make_workload
 
-from prefixcache import CacheConfig, Match, Request, available_backends, make_cache
+from prefixcache import (
+    CacheConfig,
+    Match,
+    PrefixCache,
+    Request,
+    RequestRecord,
+    available_backends,
+    make_cache,
+)
+from prefixcache.cost_model import CostModel
 from prefixcache.engine import Engine
 from prefixcache.scheduler import available_schedulers, make_scheduler
 from prefixcache.synthesis import simulated_tokens
@@ -220,3 +232,151 @@ def test_vectorised_simulated_tokens_equal_the_scalar_splitmix(seed: int) -> Non
 
     for rid, vocab in (("r0", 32_000), ("trace-123", 7), ("x" * 40, 151_936)):
         assert simulated_tokens(seed, rid, 300, vocab) == [scalar(rid, k, vocab) for k in range(300)]
+
+
+# ---------------------------------------------------------------- decode stretches
+def _rows(records: list[RequestRecord]) -> list[dict[str, object]]:
+    """The records as data, without the measured wall time of the cache calls."""
+    return [{f.name: getattr(r, f.name) for f in fields(r) if f.name != "cache_op_ns"} for r in records]
+
+
+def _cache_state(cache: PrefixCache[Any], probes: list[Request]) -> list[object]:
+    """What a later request would see, ids included: each probe's match (tokens and the pages
+    it would pin) and, for hashchain, the free queue's eviction order."""
+    state: list[object] = [cache.usage(), cache.stats]
+    for probe in probes:
+        m: Any = cache.lookup(probe)
+        pages = [b.block_id for b in m.blocks[0]] if hasattr(m, "blocks") else m.indices.tolist()
+        state.append((m.tokens, pages))
+    pool = getattr(cache, "block_pool", None)
+    if pool is not None:
+        state.append([b.block_id for b in pool.free_block_queue.get_all_free_blocks()])
+    return state
+
+
+def _run_workload(
+    name: str, backend: str, page: int, capacity: int, multi_step: bool
+) -> tuple[Engine, list[object]]:
+    cache = make_cache(backend, CacheConfig(capacity // page, page))
+    engine = Engine(cache, "fcfs", token_budget=512, multi_step=multi_step)
+    records = engine.run(make_workload(name, seed=1).generate())
+    prompts = [r.prompt_token_ids for r in make_workload(name, seed=1).generate()]
+    probes = [Request(f"probe{i}", list(p)) for i, p in enumerate(prompts)]
+    totals = (engine.clock, engine.step_count, engine.prefill_tokens, engine.decode_tokens)
+    totals += (engine.peak_pages_in_use,)
+    return engine, [_rows(records), totals, _cache_state(cache, probes)]
+
+
+@pytest.mark.parametrize("capacity", [1 << 17, 12_288], ids=["ample", "tight"])
+@pytest.mark.parametrize(("backend", "page"), [("hashchain", 16), ("radix", 16), ("radix", 1)])
+@pytest.mark.parametrize("name", available_workloads())
+def test_decode_stretches_change_no_record_and_no_cache_state(
+    name: str, backend: str, page: int, capacity: int
+) -> None:
+    """Item 6 of issue 12: taking decode-only steps at once gives the step-by-step engine's
+    records, clock, totals and cache state (pages and eviction order included)."""
+    stepped, expected = _run_workload(name, backend, page, capacity, multi_step=False)
+    stretched, got = _run_workload(name, backend, page, capacity, multi_step=True)
+    assert got == expected
+    assert stepped.stretched_steps == 0
+    if page == 1:  # every decode step takes a page: nothing to skip
+        assert stretched.stretched_steps == 0
+
+
+@pytest.mark.parametrize("backend", ["hashchain", "radix"])
+@pytest.mark.parametrize("name", ["multi-turn-chat", "react-agent", "tree-of-thought"])
+def test_decode_stretches_are_taken_where_arrivals_leave_gaps(name: str, backend: str) -> None:
+    """The equivalence above is not vacuous: with arrivals spread out, most steps are skipped."""
+    engine, _ = _run_workload(name, backend, 16, 1 << 17, multi_step=True)
+    assert engine.stretched_steps > engine.step_count / 4
+
+
+def _observable(cache: PrefixCache[Any], req: Request) -> tuple[object, ...]:
+    return (cache.usage(), cache.stats, cache._index_version(), cache.page_table(req))
+
+
+@pytest.mark.parametrize("crowded", [False, True], ids=["room", "no-free-page"])
+@pytest.mark.parametrize("prompt_len", range(5, 13))
+@pytest.mark.parametrize("backend", ["hashchain", "radix"])
+def test_decode_steps_in_place_is_exact_and_tight(backend: str, prompt_len: int, crowded: bool) -> None:
+    """``decode_steps_in_place`` single steps change nothing observable but the reservation;
+    the step after them does (a page taken, or a full block published). ``no-free-page``: the
+    rest of the pool holds evictable cache, so radix's in-page decode evicts (SGLang's
+    alloc_decode) until a page is free."""
+    cache = make_cache(backend, CacheConfig(64, PAGE))
+    for i in range(cache.config.num_usable_pages if crowded else 0):  # one cached page each
+        filler = Request(f"filler{i}", tokens(PAGE, seed=100 + i), max_new_tokens=1)
+        assert cache.allocate(filler, PAGE)
+        filler.num_computed_tokens = PAGE
+        cache.commit(filler)
+        cache.release(filler)
+    saw_no_free_page = False
+    req = Request("r", tokens(prompt_len), max_new_tokens=14)
+    assert cache.decode_steps_in_place(req) == 0  # not live
+    assert cache.allocate(req, prompt_len)
+    assert cache.decode_steps_in_place(req) == 0  # reserved ahead of what is computed
+    req.num_computed_tokens = prompt_len
+    cache.commit(req)
+    req.append_output_token_ids(1)
+    taken = 0
+    while req.num_output_tokens < 12:
+        steps = cache.decode_steps_in_place(req)
+        assert steps <= PAGE - 1
+        saw_no_free_page |= cache.usage().free == 0
+        before = _observable(cache, req)
+        for _ in range(steps):
+            assert cache.allocate(req, 1)
+            req.num_computed_tokens += 1
+            cache.commit(req)
+            req.append_output_token_ids(1)
+            assert _observable(cache, req) == before
+        taken += steps
+        assert cache.allocate(req, 1)
+        req.num_computed_tokens += 1
+        cache.commit(req)
+        req.append_output_token_ids(1)
+        if steps:
+            assert _observable(cache, req) != before, "a step past the count changed nothing: not tight"
+    assert taken > 0
+    assert saw_no_free_page == crowded
+    with pytest.raises(ValueError, match="change nothing"):
+        cache.advance_in_place(req, PAGE)
+
+
+@pytest.mark.parametrize("backend", ["hashchain", "radix"])
+def test_decode_stretch_stops_where_a_request_arrives(backend: str) -> None:
+    """A request arriving mid-decode is admitted at the step it would be without stretches."""
+    dt = CostModel().step_time(0, 1)
+
+    def requests() -> list[Request]:
+        late = [
+            Request(f"late{i}", tokens(6, seed=i), max_new_tokens=20, arrival_time=t * dt)
+            for i, t in enumerate((9.5, 23.2, 40))
+        ]
+        return [Request("long", tokens(10), max_new_tokens=60), *late]
+
+    runs = []
+    for multi_step in (False, True):
+        cache = make_cache(backend, CacheConfig(64, PAGE))
+        engine = Engine(cache, "fcfs", token_budget=64, multi_step=multi_step)
+        runs.append(_rows(engine.run(requests())))
+        assert (engine.stretched_steps > 0) == multi_step
+    assert runs[0] == runs[1]
+
+
+def test_advance_in_place_refuses_what_it_may_not_take() -> None:
+    cache = make_cache("hashchain", CacheConfig(64, PAGE))
+    req = Request("r", tokens(6), max_new_tokens=8)
+    with pytest.raises(ValueError, match="not live"):
+        cache.advance_in_place(req, 1)
+    assert cache.allocate(req, 6)
+    req.num_computed_tokens = 6
+    cache.commit(req)
+    req.append_output_token_ids(1)
+    assert cache.decode_steps_in_place(req) == 1  # token 6 fits block 1; token 7 would fill it
+    with pytest.raises(ValueError, match=">= 1"):
+        cache.advance_in_place(req, 0)
+    with pytest.raises(ValueError, match="change nothing"):
+        cache.advance_in_place(req, 2)
+    cache.advance_in_place(req, 1)
+    assert cache.reserved_tokens(req) == 7

@@ -35,6 +35,7 @@ from tests.strategies import NAMESPACES
 
 VOCAB = 3
 STEPS: dict[str, int] = {}  # steps run per backend, reported at the end of the session
+STRETCHES: dict[str, int] = {}  # decode stretches taken per backend (the rule is not vacuous)
 
 
 class ShadowKV:
@@ -172,6 +173,43 @@ class CacheLifecycle(RuleBasedStateMachine):
         else:
             assert self._snapshot() == before, "a failed extend changed the cache"
 
+    def _decoding(self) -> list[str]:
+        return sorted(rid for rid, r in self.live_reqs.items() if r.num_computed_tokens == r.num_tokens)
+
+    @precondition(lambda self: self._decoding())
+    @rule(data=st.data(), steps=st.integers(1, 16))
+    def decode_stretch(self, data: st.DataObject, steps: int) -> None:
+        """Several decode steps at once where the cache says they change nothing but the
+        reservation (the engine's decode stretch): the usage and the index stay, the KV of
+        every step lands in the request's pages, and asking beyond the count is refused."""
+        req = self.live_reqs[data.draw(st.sampled_from(self._decoding()))]
+        allowed = self.cache.decode_steps_in_place(req)
+        if steps > allowed:
+            before = self._snapshot()
+            with pytest.raises(ValueError, match="change nothing"):
+                self.cache.advance_in_place(req, steps)
+            assert self._snapshot() == before, "a refused advance_in_place changed the cache"
+            steps = allowed
+        if steps == 0:
+            return
+        STRETCHES[self.backend] = STRETCHES.get(self.backend, 0) + 1
+        usage, version = self.cache.usage(), self.cache._index_version()
+        start = req.num_computed_tokens
+        for _ in range(steps):  # the tokens whose KV the stretch computes must exist first
+            req.append_output_token_ids(self.rng.randrange(VOCAB))
+        self.cache.advance_in_place(req, steps)
+        self.shadow.write(self.cache, req, start, start + steps)
+        req.num_computed_tokens += steps
+        self.cache.commit(req)
+        assert self.cache.usage() == usage and self.cache._index_version() == version
+        if self.backend == "hashchain":  # vLLM caches a block the step it fills: none may wait
+            p = self.page_size
+            # one token more than the request, so the n-1 cap does not hide its last block
+            ns = {"cache_salt": req.cache_salt, "lora_name": req.lora_name}
+            twin = Request("twin", (*req.all_token_ids, 0), **ns)
+            full = req.num_computed_tokens // p * p
+            assert self.cache.lookup(twin).tokens >= full, "a block filled in the stretch is not cached"
+
     @precondition(lambda self: self.live_reqs)
     @rule(target=waiting, data=st.data(), preempt=st.booleans())
     def release(self, data: st.DataObject, preempt: bool):  # -> a preempted request waits again
@@ -224,5 +262,8 @@ CASES = [(b, p) for b in available_backends() for p in ((1, 4) if b == "radix" e
 @pytest.mark.parametrize("backend, page_size", CASES)
 def test_lifecycle_keeps_invariants_and_never_corrupts_kv(backend: str, page_size: int) -> None:
     STEPS.pop(backend, None)
+    STRETCHES.pop(backend, None)
     machine_for(backend, page_size).TestCase().runTest()
+    if backend != "none" and page_size > 1:  # page size 1 takes a page every decode step
+        assert STRETCHES.get(backend, 0) > 0, "no decode stretch was taken: the rule proved nothing"
     print(f"stateful steps run: backend={backend} page_size={page_size} steps={STEPS.get(backend, 0)}")

@@ -109,6 +109,9 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         self._sync_evictions()
         return ok
 
+    def _decode_steps_in_place(self, req: Request, state: KVCacheBlocks) -> int:
+        return self.manager.coordinator.decode_steps_in_place(req.request_id, req.num_computed_tokens)
+
     def _commit(self, req: Request, state: KVCacheBlocks) -> None:
         # Nothing to publish: full blocks were cached at allocation (vLLM). Only check.
         held = len(state[0])

@@ -114,6 +114,11 @@ class KVCacheCoordinator(ABC):
         general path in tests/bench."""
         return False
 
+    def decode_steps_in_place(self, request_id: str, num_computed_tokens: int) -> int:
+        """How many one-token steps from ``num_computed_tokens`` on ``extends_in_place`` allows
+        in a row (Hybrid: none, windows move)."""
+        return 0
+
     def min_blocks_to_fit(self, num_tokens: int) -> int:
         """A lower bound on the pool blocks a request of ``num_tokens`` tokens ever holds at
         once: every block per full-attention group, one window per sliding-window group."""
@@ -144,6 +149,15 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             -(-num_tokens_need_slot // size) <= len(manager.req_to_blocks[request_id])
             and num_tokens // size <= manager.num_cached_block[request_id]
         )
+
+    def decode_steps_in_place(self, request_id: str, num_computed_tokens: int) -> int:
+        # extends_in_place(c + k, c + k) for every k up to the answer: the held blocks have
+        # the slots and no block fills (a full block is cached at once, which a lookup sees).
+        manager = self.single_type_managers[0]
+        size = self.block_size
+        held_slots = len(manager.req_to_blocks[request_id]) * size
+        before_next_full = (manager.num_cached_block[request_id] + 1) * size - 1
+        return max(0, min(held_slots, before_next_full) - num_computed_tokens)
 
     def revalidate_cache_hit(
         self, hashes: RequestHashes, hit_blocks: KVCacheBlocks, max_length: int

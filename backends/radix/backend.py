@@ -228,6 +228,17 @@ class RadixPrefixCache(PrefixCache[_Live]):
         live.decoding = decoding
         return True
 
+    def _decode_steps_in_place(self, req: Request, state: _Live) -> int:
+        """A decode step inside the last page takes no page; it changes nothing when, as
+        SGLang's alloc_decode, it has no tokens to evict for (a free page) and no staged pages
+        to merge. Page size 1 takes a page every step."""
+        if self.page_size == 1 or not state.decoding:
+            return 0
+        demand, merge_if_over = self._demand(1, decode=True)
+        if demand > self.pool.num_free * self.page_size or self.pool.would_merge(0, merge_if_over):
+            return 0
+        return len(state.pages) * self.page_size - req.num_computed_tokens
+
     def _checkpoint(self, req: Request, live: _Live) -> None:
         """SGLang's ``RadixCache.checkpoint(req, up_to=num_computed_tokens)`` (radix_cache.py).
 
