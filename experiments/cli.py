@@ -15,9 +15,13 @@ import json
 import sys
 import time
 import tomllib
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
+from prefixcache.experiments.analysis.bounds import OFFLINE_DFS, offline_schedule
 
 from prefixcache import (
     CacheConfig,
@@ -51,10 +55,16 @@ def run_name(cfg: dict[str, Any]) -> str:
         f"{source}-{cfg['backend']}-{cfg['scheduler']}-cap{cfg['capacity_tokens']}"
         f"-p{cfg['page_size']}-b{cfg['token_budget']}-s{cfg['seed']}"
     )
-    extra = {k: cfg[k] for k in ("params", "limit") if cfg.get(k)}
-    if extra:
-        name += "-" + hashlib.sha1(json.dumps(extra, sort_keys=True).encode()).hexdigest()[:8]
+    if cfg.get("limit") is not None:
+        name += f"-first{cfg['limit']}"
+    if cfg.get("params"):
+        name += "-" + hashlib.sha1(json.dumps(cfg["params"], sort_keys=True).encode()).hexdigest()[:8]
     return name
+
+
+def scheduler_names() -> list[str]:
+    """The online schedulers and the offline DFS order (the scheduling study's optimum)."""
+    return [*available_schedulers(), OFFLINE_DFS]
 
 
 def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -65,25 +75,45 @@ def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
     # Fail early, listing the valid names, before any work starts.
     if cfg["backend"] not in available_backends():
         raise ValueError(f"unknown backend {cfg['backend']!r}; valid: {', '.join(available_backends())}")
-    make_scheduler(cfg["scheduler"])
-    if not cfg["trace"]:
+    if cfg["scheduler"] != OFFLINE_DFS:
+        try:
+            make_scheduler(cfg["scheduler"])
+        except ValueError:
+            valid = ", ".join(scheduler_names())
+            raise ValueError(f"unknown scheduler {cfg['scheduler']!r}; valid: {valid}") from None
+    limit = cfg["limit"]
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"--limit must be an int >= 1 (leave it out for every request), got {limit!r}")
+    if cfg["trace"]:
+        if cfg["params"]:
+            raise ValueError(f"--param sets workload parameters; a trace takes none (got {cfg['params']})")
+        cfg["workload"] = None  # the trace is the source: config.json must not name a workload
+    else:
         from prefixcache.experiments.inputs.workloads import make_workload
 
         make_workload(cfg["workload"], **cfg["params"])
     return cfg
 
 
-def build_requests(cfg: dict[str, Any]) -> Any:
+def build_requests(cfg: dict[str, Any]) -> tuple[Any, int]:
+    """The requests of a config (a lazy iterator for a trace) and how many there are."""
+    limit = cfg["limit"]
     if cfg["trace"]:
         from prefixcache.experiments.inputs.traces import iter_requests, read_trace
 
         records = read_trace(cfg["trace"])
-        n = len(records) if cfg["limit"] is None else min(len(records), cfg["limit"])
-        return iter_requests(records, limit=cfg["limit"], seed=cfg["seed"]), n
-    from prefixcache.experiments.inputs.workloads import make_workload
+        if not records:
+            raise ValueError(f"trace {cfg['trace']} holds no requests")
+        n = len(records) if limit is None else min(len(records), limit)
+        reqs: Any = iter_requests(records, limit=limit, seed=cfg["seed"])
+    else:
+        from prefixcache.experiments.inputs.workloads import make_workload
 
-    reqs = make_workload(cfg["workload"], seed=cfg["seed"], **cfg["params"]).generate()
-    return reqs, len(reqs)
+        reqs = make_workload(cfg["workload"], seed=cfg["seed"], **cfg["params"]).generate()[:limit]
+        n = len(reqs)
+    if cfg["scheduler"] == OFFLINE_DFS:  # an offline order needs every request up front
+        reqs = list(reqs)
+    return reqs, n
 
 
 def execute(
@@ -113,12 +143,25 @@ def execute(
             p for i in itertools.count(2) if not (p := folder.with_name(f"{folder.name}-{i}")).exists()
         )
     cache = make_cache(cfg["backend"], CacheConfig(cfg["capacity_tokens"], cfg["page_size"]))
-    engine = Engine(cache, cfg["scheduler"], cfg["token_budget"], seed=cfg["seed"])
     requests, total = build_requests(cfg)
+    requests, scheduler = offline_schedule(requests, cfg["scheduler"])
+    engine = Engine(cache, scheduler, cfg["token_budget"], seed=cfg["seed"])
     t0 = time.perf_counter()
     records = engine.run(requests, progress=progress, total=total)
     wall = time.perf_counter() - t0
     summary = summarize(records, page_size=cfg["page_size"], peak_pages_in_use=engine.peak_pages_in_use)
+    if summary["rejected"] == len(records):
+        raise ValueError(
+            f"{run_name(cfg)}: all {len(records)} requests are larger than the cache "
+            f"({cache.config.usable_tokens} usable tokens); raise --capacity-tokens"
+        )
+    if summary["rejected"]:
+        warnings.warn(
+            f"{run_name(cfg)}: {summary['rejected']} of {len(records)} requests are larger than the "
+            f"cache ({cache.config.usable_tokens} usable tokens) and were dropped; every rate "
+            "leaves them out",
+            stacklevel=2,
+        )
     summary.update(
         config=run_name(cfg),
         wall_s=wall,
@@ -153,12 +196,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     s = execute(cfg, Path(args.out), force=args.force, index_memory_bytes=args.index_memory)
     state = "skipped (finished earlier)" if s.get("skipped") else f"{s['wall_s']:.2f}s"
-    print(
-        f"{run_name(cfg)}: token hit rate {s['token_hit_rate']:.1%}, request hit rate "
-        f"{s['request_hit_rate']:.1%}, prefill computed {s['prefill_tokens_computed']}, "
-        f"preemptions {s['preemptions']} [{state}]"
-    )
+    print(f"{run_name(cfg)}: {summary_line(s)} [{state}]")
     return 0
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    ran = s["requests"] - s["rejected"]
+    line = (
+        f"token hit rate {s['token_hit_rate']:.1%}, request hit rate {s['request_hit_rate']:.1%} "
+        f"of {ran} requests, prefill computed {s['prefill_tokens_computed']}, preemptions {s['preemptions']}"
+    )
+    if s["rejected"]:
+        line += f", {s['rejected']} rejected (larger than the cache, left out of every rate)"
+    return line
 
 
 def sweep_configs(path: Path) -> list[dict[str, Any]]:
@@ -176,29 +226,60 @@ def sweep_configs(path: Path) -> list[dict[str, Any]]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    cells = sweep_configs(Path(args.grid))
+    grid = Path(args.grid)
+    cells = sweep_configs(grid)
     todo = [c for c in cells if not (out / run_name(c) / "summary.json").exists()]
     print(f"sweep: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
-    if args.executor == "ray":
-        try:
-            import ray
-        except ImportError:
-            raise ValueError(
-                "--executor ray needs ray (pip install 'prefixcache[ray]'); use joblib"
-            ) from None
-        task = ray.remote(execute)
-        results = ray.get([task.remote(c, out, progress=False) for c in todo])
-    else:
-        from joblib import Parallel, delayed
-        from tqdm.auto import tqdm
-
-        results = Parallel(n_jobs=args.jobs, return_as="generator")(
-            delayed(execute)(c, out, progress=False) for c in todo
-        )
-        results = list(tqdm(results, total=len(todo), unit="cell", disable=len(todo) < 2))
-    for s in results:
-        print(f"{s['config']}: token hit rate {s['token_hit_rate']:.1%}")
+    for s in _run_cells(todo, out, args.executor, args.jobs):
+        print(f"{s['config']}: {summary_line(s)}")
+    table = sweep_table(cells, out)
+    stem = out / f"{grid.stem}-sweep"
+    table.to_csv(stem.with_suffix(".csv"), index=False)
+    table.to_parquet(stem.with_suffix(".parquet"), index=False)
+    print(f"sweep table: {stem}.csv and .parquet ({len(table)} cells)")
     return 0
+
+
+def _run_cells(
+    todo: list[dict[str, Any]], out: Path, executor: str, jobs: int
+) -> Iterator[dict[str, Any]]:
+    """Each cell's summary as it finishes, the progress bar advancing per finished cell."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(todo), unit="cell", disable=len(todo) < 2) as bar:
+        if executor == "ray":
+            try:
+                import ray
+            except ImportError:
+                need = "--executor ray needs ray (pip install 'prefixcache[ray]'); use joblib"
+                raise ValueError(need) from None
+            task = ray.remote(execute)
+            pending = [task.remote(c, out, progress=False) for c in todo]
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                bar.update(1)
+                yield ray.get(done[0])
+        else:
+            from joblib import Parallel, delayed
+
+            results = Parallel(n_jobs=jobs, return_as="generator_unordered")(
+                delayed(execute)(c, out, progress=False) for c in todo
+            )
+            for s in results:
+                bar.update(1)
+                yield s
+
+
+def sweep_table(cells: list[dict[str, Any]], out: Path) -> pd.DataFrame:
+    """One tidy row per cell of the grid: its config (workload parameters as ``param_*``) and
+    its summary, read back from the cell's folder."""
+    rows = []
+    for cfg in cells:
+        summary = json.loads((out / run_name(cfg) / "summary.json").read_text())
+        config = {k: v for k, v in cfg.items() if k != "params"}
+        config.update({f"param_{k}": v for k, v in cfg["params"].items()})
+        rows.append(config | summary)
+    return pd.DataFrame(rows)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -263,34 +344,47 @@ def _mean(xs: Any) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prefixcache", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    from prefixcache.experiments.inputs.workloads import available_workloads
+
+    def one_of(names: Sequence[str], default: object) -> str:
+        return f"one of: {', '.join(names)} (default: {default})"
+
     r = sub.add_parser("run", help="one workload (or trace) x backend x config")
-    r.add_argument("--workload", help="built-in workload name")
+    r.add_argument("--workload", help=one_of(available_workloads(), DEFAULTS["workload"]))
     r.add_argument("--trace", help="trace file (Mooncake .jsonl or Azure .csv) instead of a workload")
-    r.add_argument("--limit", type=int, help="first N trace requests")
-    r.add_argument("--backend")
-    r.add_argument("--scheduler", help=f"one of {', '.join(available_schedulers())}")
-    r.add_argument("--capacity-tokens", dest="capacity_tokens", type=int)
-    r.add_argument("--page-size", dest="page_size", type=int)
-    r.add_argument("--token-budget", dest="token_budget", type=int)
-    r.add_argument("--seed", type=int)
+    r.add_argument("--limit", type=int, help="only the first N requests, N >= 1 (default: all)")
+    r.add_argument("--backend", help=one_of(available_backends(), DEFAULTS["backend"]))
+    r.add_argument("--scheduler", help=one_of(scheduler_names(), DEFAULTS["scheduler"]))
+    for flag, key, what in (
+        ("--capacity-tokens", "capacity_tokens", "KV pool size in tokens"),
+        ("--page-size", "page_size", "tokens per page (block)"),
+        ("--token-budget", "token_budget", "tokens computed per engine step"),
+        ("--seed", "seed", "seed of workload generation and simulated outputs"),
+    ):
+        r.add_argument(flag, dest=key, type=int, help=f"{what} (default: {DEFAULTS[key]})")
     r.add_argument("--param", action="append", help="workload parameter key=value (repeatable)")
-    r.add_argument("--out", default="results")
+    r.add_argument("--out", default="results", help="folder of run folders (default: results)")
     r.add_argument("--force", action="store_true", help="run again into a new folder")
     r.add_argument(
         "--index-memory", action="store_true", help="measure the index's bytes deeply (slow on big pools)"
     )
     s = sub.add_parser("sweep", help="a grid of runs from a TOML file (resumable)")
-    s.add_argument("grid")
-    s.add_argument("--jobs", type=int, default=2)
-    s.add_argument("--executor", choices=["joblib", "ray"], default="joblib")
-    s.add_argument("--out", default="results")
+    s.add_argument("grid", help="TOML file: [grid] lists are crossed, [fixed] and [params] apply to all")
+    s.add_argument("--jobs", type=int, default=2, help="parallel cells with joblib (default: 2)")
+    s.add_argument(
+        "--executor", choices=["joblib", "ray"], default="joblib", help="where cells run (default: joblib)"
+    )
+    s.add_argument("--out", default="results", help="run folders and the sweep table (default: results)")
     t = sub.add_parser("trace", help="inspect a trace")
     t.add_argument("path")
     rp = sub.add_parser("reproduce", help="run every study and make every figure and table of the paper")
-    rp.add_argument("--scale", choices=["tiny", "default", "full"], default="default")
+    scales = ["tiny", "default", "full"]
+    rp.add_argument("--scale", choices=scales, default="default", help="study size (default: default)")
     rp.add_argument("--force", action="store_true", help="re-run results already stored")
-    rp.add_argument("--out", default="results")
-    rp.add_argument("--paper", default="paper", help="paper folder (figures/, generated/, main.tex)")
+    rp.add_argument("--out", default="results", help="results folder (default: results)")
+    rp.add_argument(
+        "--paper", default="paper", help="paper folder: figures/, generated/, main.tex (default: paper)"
+    )
     rp.add_argument("--no-pdf", action="store_true", help="skip the LaTeX build")
     return p
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 from prefixcache.experiments.cli import main
 from prefixcache.experiments.inputs.traces import TraceRecord, write_mooncake
@@ -67,7 +68,7 @@ def test_sweep_is_resumable(tmp_path, capsys) -> None:
     )
     out = tmp_path / "res"
     assert main(["sweep", str(grid), "--jobs", "1", "--out", str(out)]) == 0
-    assert len(list(out.iterdir())) == 2
+    assert len([p for p in out.iterdir() if p.is_dir()]) == 2
     assert main(["sweep", str(grid), "--jobs", "1", "--out", str(out)]) == 0
     assert "2 finished, 0 to run" in capsys.readouterr().out
 
@@ -96,3 +97,128 @@ def test_reproduce_hands_its_options_to_the_paper_pipeline(tmp_path, monkeypatch
     assert seen == [["--scale", "full", "--out", str(tmp_path), "--paper", "paper", "--force", "--no-pdf"]]
     with pytest.raises(SystemExit):
         main(["reproduce", "--scale", "huge"])
+
+
+# ---------------------------------------------------------------- honesty (issue 13, item 12)
+def _trace(tmp_path, lengths: list[int]):
+    """A Mooncake trace with requests of the given prompt lengths (512-token hash blocks)."""
+    path = tmp_path / "t.jsonl"
+    blocks = [tuple(range(100 * i, 100 * i - (-n // 512))) for i, n in enumerate(lengths)]
+    records = [TraceRecord(i, n, 2, ids) for i, (n, ids) in enumerate(zip(lengths, blocks, strict=True))]
+    write_mooncake(path, records)
+    return path
+
+
+def _run_trace(path, out, *extra: str) -> int:
+    return main(["run", "--trace", str(path), "--backend", "hashchain", "--out", str(out), *extra])
+
+
+def test_oversize_requests_are_reported_in_the_summary_line_and_warned_of(tmp_path, capsys) -> None:
+    path = _trace(tmp_path, [600, 5000, 700])
+    with pytest.warns(UserWarning, match="1 of 3 requests are larger than the cache"):
+        assert _run_trace(path, tmp_path / "r", "--capacity-tokens", "2048") == 0
+    out = capsys.readouterr().out
+    assert "of 2 requests" in out and "1 rejected (larger than the cache" in out
+    (folder,) = (tmp_path / "r").iterdir()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rejected"] == 1 and summary["requests"] == 3
+
+
+def test_a_cache_smaller_than_every_request_is_an_error(tmp_path, capsys) -> None:
+    path = _trace(tmp_path, [600, 700])
+    assert _run_trace(path, tmp_path / "r", "--capacity-tokens", "100") == 2
+    assert "all 2 requests are larger than the cache" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_limit_below_one_is_an_error(tmp_path, capsys, limit: str) -> None:
+    path = _trace(tmp_path, [600, 700])
+    assert _run_trace(path, tmp_path / "r", "--limit", limit) == 2
+    assert "--limit must be an int >= 1" in capsys.readouterr().err
+
+
+def test_limit_is_part_of_the_folder_name_whenever_given(tmp_path, capsys) -> None:
+    path = _trace(tmp_path, [600, 700, 800])
+    assert _run_trace(path, tmp_path / "r", "--limit", "2") == 0
+    assert _run_trace(path, tmp_path / "r") == 0
+    assert _run_trace(path, tmp_path / "r", "--limit", "3") == 0
+    names = sorted(p.name for p in (tmp_path / "r").iterdir())
+    base = "t-hashchain-fcfs-cap16384-p16-b2048-s0"
+    assert names == [base, f"{base}-first2", f"{base}-first3"]
+    assert "skipped" not in capsys.readouterr().out
+    requests = [json.loads((tmp_path / "r" / n / "summary.json").read_text())["requests"] for n in names]
+    assert requests == [3, 2, 3]
+
+
+def test_an_empty_trace_is_an_error(tmp_path, capsys) -> None:
+    path = _trace(tmp_path, [])
+    assert _run_trace(path, tmp_path / "r") == 2
+    assert "holds no requests" in capsys.readouterr().err
+
+
+def test_a_trace_run_records_the_trace_not_a_workload(tmp_path) -> None:
+    path = _trace(tmp_path, [600, 700])
+    assert _run_trace(path, tmp_path / "r") == 0
+    (folder,) = (tmp_path / "r").iterdir()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["trace"] == str(path) and config["workload"] is None
+    assert _run_trace(path, tmp_path / "r", "--param", "turns=3") == 2  # workload parameters
+
+
+def test_sweep_writes_one_tidy_table_and_advances_per_finished_cell(tmp_path, monkeypatch, capsys) -> None:
+    import tqdm.auto
+    from prefixcache.experiments import cli
+
+    events: list[str] = []
+
+    class Bar(tqdm.auto.tqdm):  # type: ignore[misc, name-defined]
+        def update(self, n: float | None = 1) -> bool | None:
+            if getattr(self, "unit", None) == "cell":  # the sweep's bar, not a run's
+                events.append("bar")
+            return super().update(n)
+
+    real = cli.execute
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    monkeypatch.setattr(cli, "execute", lambda *a, **k: events.append("cell") or real(*a, **k))
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        '[grid]\nscheduler = ["fcfs", "lpm"]\nbackend = ["none", "radix"]\n[fixed]\ncapacity_tokens = 4096\n'
+        "[params]\nconversations = 2\nturns = 2\n"
+    )
+    out = tmp_path / "res"
+    assert main(["sweep", str(grid), "--jobs", "1", "--out", str(out)]) == 0
+    assert events.count("cell") == 4 and events.count("bar") == 4
+    last_cell = len(events) - 1 - events[::-1].index("cell")
+    assert events.index("bar") < last_cell, f"the bar moved only after every cell: {events}"
+    table = pd.read_csv(out / "grid-sweep.csv")
+    assert len(table) == 4 and set(table["backend"]) == {"none", "radix"}
+    assert {"scheduler", "param_turns", "token_hit_rate", "rejected"} <= set(table.columns)
+    assert pd.read_parquet(out / "grid-sweep.parquet")["config"].tolist() == table["config"].tolist()
+
+
+def test_help_lists_choices_and_defaults(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # undo the wrapping
+    for expected in ("dfs-offline", "radix", "shared-doc-qa", "(default: hashchain)", "(default: fcfs)",
+                     "(default: 16384)", "(default: all)"):
+        assert expected in text
+    assert "(default: None)" not in text
+
+
+def test_the_offline_dfs_order_runs_under_the_papers_name(tmp_path) -> None:
+    from prefixcache.experiments.analysis.bounds import dfs_weight_order
+    from prefixcache.experiments.inputs.workloads import make_workload
+
+    args = ["run", "--workload", "generated-shared-prefix", "--param", "shuffle=true", "--backend", "radix",
+            "--scheduler", "dfs-offline", "--out", str(tmp_path)]
+    assert main(args) == 0
+    (folder,) = tmp_path.iterdir()
+    df = pd.read_parquet(folder / "requests.parquet")
+    admitted = df.sort_values(["admission_step", "admission_time"], kind="stable")["request_id"].tolist()
+    fcfs = [r.request_id for r in make_workload("generated-shared-prefix", shuffle=True).generate()]
+    workload = make_workload("generated-shared-prefix", shuffle=True)
+    expected = [r.request_id for r in dfs_weight_order(workload.generate())]
+    assert expected != fcfs  # the order is not arrival order already
+    assert admitted[:8] == expected[:8]

@@ -184,6 +184,18 @@ def lru_hit_curve(trace: BlockTrace, capacities: Sequence[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ scheduling
+OFFLINE_DFS = "dfs-offline"  # the scheduling study's optimum, as a scheduler name
+
+
+def offline_schedule(reqs: Sequence[Request], scheduler: str) -> tuple[Sequence[Request], str]:
+    """The queue and the engine scheduler that run ``scheduler``: ``dfs-offline`` is the queue
+    pre-sorted by ``dfs_weight_order`` and served FCFS (the engine keeps insertion order among
+    equal arrivals); any other name is an online scheduler and leaves the queue alone."""
+    if scheduler == OFFLINE_DFS:
+        return dfs_weight_order(reqs), "fcfs"
+    return reqs, scheduler
+
+
 def dfs_weight_order(reqs: Sequence[Request]) -> list[Request]:
     """The offline order of SGLang's Theorem 3.1, the scheduling study's optimum: depth-first
     over the token trie of ``reqs``; at each branch the child holding more requests goes first

@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefixcache.experiments.analysis.bounds import dfs_weight_order
+from prefixcache.experiments.analysis.bounds import offline_schedule
 from prefixcache.experiments.inputs.workloads import make_workload
 
 from prefixcache import CacheConfig, Engine, PrefixCache, Request, make_cache
 
 SCALES = ("tiny", "default", "full")
-OFFLINE_DFS = "dfs-offline"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Traces are read in place from the shared data folder (see experiments/inputs/traces.py).
 MOONCAKE_TRACES = {
@@ -161,11 +160,7 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
 def run_engine(
     cache: PrefixCache, reqs: Sequence[Request], config: dict[str, Any]
 ) -> tuple[pd.DataFrame, Engine]:
-    scheduler = config["scheduler"]
-    if scheduler == OFFLINE_DFS:
-        # Queue pre-sorted in DFS order of the token trie, then served FCFS: the order SGLang's
-        # Theorem 3.1 proves optimal. The engine keeps insertion order among equal arrivals.
-        reqs, scheduler = dfs_weight_order(reqs), "fcfs"
+    reqs, scheduler = offline_schedule(reqs, config["scheduler"])
     engine = Engine(cache, scheduler, config["token_budget"], seed=config["seed"])
     records = engine.run(reqs)
     df = pd.DataFrame([asdict(r) for r in records])
