@@ -60,16 +60,18 @@ def test_run_replays_a_trace(tmp_path, capsys) -> None:
     assert "t-none-fcfs" in capsys.readouterr().out
 
 
-def test_sweep_is_resumable(tmp_path, capsys) -> None:
+def _sweep(tmp_path, grid_lines: str) -> int:
+    """``prefixcache sweep`` over a tiny chat grid into tmp_path/res (one job)."""
     grid = tmp_path / "grid.toml"
-    grid.write_text(
-        '[grid]\nscheduler = ["fcfs", "lpm"]\n[fixed]\nbackend = "none"\ncapacity_tokens = 4096\n'
-        "[params]\nconversations = 2\nturns = 2\n"
-    )
-    out = tmp_path / "res"
-    assert main(["sweep", str(grid), "--jobs", "1", "--out", str(out)]) == 0
-    assert len([p for p in out.iterdir() if p.is_dir()]) == 2
-    assert main(["sweep", str(grid), "--jobs", "1", "--out", str(out)]) == 0
+    grid.write_text(f"{grid_lines}\n[params]\nconversations = 2\nturns = 2\n")
+    return main(["sweep", str(grid), "--jobs", "1", "--out", str(tmp_path / "res")])
+
+
+def test_sweep_is_resumable(tmp_path, capsys) -> None:
+    grid = '[grid]\nscheduler = ["fcfs", "lpm"]\n[fixed]\nbackend = "none"\ncapacity_tokens = 4096'
+    assert _sweep(tmp_path, grid) == 0
+    assert len([p for p in (tmp_path / "res").iterdir() if p.is_dir()]) == 2
+    assert _sweep(tmp_path, grid) == 0
     assert "2 finished, 0 to run" in capsys.readouterr().out
 
 
@@ -181,13 +183,9 @@ def test_sweep_writes_one_tidy_table_and_advances_per_finished_cell(tmp_path, mo
     real = cli.execute
     monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
     monkeypatch.setattr(cli, "execute", lambda *a, **k: events.append("cell") or real(*a, **k))
-    grid = tmp_path / "grid.toml"
-    grid.write_text(
-        '[grid]\nscheduler = ["fcfs", "lpm"]\nbackend = ["none", "radix"]\n[fixed]\ncapacity_tokens = 4096\n'
-        "[params]\nconversations = 2\nturns = 2\n"
-    )
+    grid = '[grid]\nscheduler = ["fcfs", "lpm"]\nbackend = ["none", "radix"]\n[fixed]\ncapacity_tokens = 4096'
+    assert _sweep(tmp_path, grid) == 0
     out = tmp_path / "res"
-    assert main(["sweep", str(grid), "--jobs", "1", "--out", str(out)]) == 0
     assert events.count("cell") == 4 and events.count("bar") == 4
     last_cell = len(events) - 1 - events[::-1].index("cell")
     assert events.index("bar") < last_cell, f"the bar moved only after every cell: {events}"
