@@ -49,11 +49,41 @@ def brute_force_best(trace: BlockTrace, capacity: int) -> int:
     return best * trace.page_size
 
 
+def belady_by_ranking(trace: BlockTrace, capacity: int) -> list[int]:
+    """The optimum's rule written plainly: after each request rank every cached block by
+    (next lookup, depth, key) and keep the ``capacity`` smallest, dropping never-again ones."""
+    never = float("inf")
+    uses: dict[int, list[int]] = {}
+    for r, look in enumerate(trace.lookups):
+        for key in look:
+            uses.setdefault(key, []).append(r)
+    cache: dict[int, int] = {}
+    out = []
+    for r, (look, ins) in enumerate(zip(trace.lookups, trace.inserts, strict=True)):
+        k = 0
+        while k < len(look) and look[k] in cache:
+            k += 1
+        out.append(k * trace.page_size)
+        cache.update((key, depth) for depth, key in enumerate(ins))
+        ranked = sorted((min((u for u in uses.get(key, ()) if u > r), default=never), depth, key)
+                        for key, depth in cache.items())
+        cache = {key: depth for nxt, depth, key in ranked[:capacity] if nxt != never}
+    return out
+
+
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("capacity", [1, 2, 3])
 def test_belady_equals_brute_force_optimum_on_tiny_cases(seed: int, capacity: int) -> None:
     trace = random_trace(seed)
     assert sum(belady_hits(trace, capacity)) == brute_force_best(trace, capacity)
+    assert belady_by_ranking(trace, capacity) == belady_hits(trace, capacity)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_heap_belady_equals_ranking_every_block_after_every_request(seed: int) -> None:
+    trace = random_trace(seed, n_requests=60, page=1)
+    for capacity in (0, 1, 2, 3, 5, 8, 13, 40):
+        assert belady_hits(trace, capacity) == belady_by_ranking(trace, capacity)
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -20,7 +20,6 @@ a block hit therefore always extends a hit prefix.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -91,28 +90,43 @@ def belady_hits(trace: BlockTrace, capacity_blocks: int) -> list[int]:
     next lookup is soonest (never-again blocks are dropped). With free choice of what to keep,
     this greedy rule is optimal (Belady's exchange argument). Ties go to the shallower block:
     a parent is looked up whenever its child is, so the kept set stays prefix-closed.
+
+    Only the request's own blocks change their next lookup, so a max-heap of (next lookup,
+    depth, key) with stale entries skipped finds what to drop: O(touches log capacity), which
+    makes whole traces take seconds (tests/test_bounds.py checks it against ranking the whole
+    cache after every request, and both against brute force).
     """
     uses: dict[int, list[int]] = {}  # key -> requests that look it up, ascending
     for r, look in enumerate(trace.lookups):
         for key in look:
             uses.setdefault(key, []).append(r)
+    position = dict.fromkeys(uses, 0)  # key -> index in uses[key] of its next lookup
 
-    def next_use(key: int, r: int) -> int:
-        lst = uses.get(key, ())
-        i = bisect.bisect_right(lst, r)  # type: ignore[arg-type]
-        return lst[i] if i < len(lst) else _NEVER
-
-    cache: dict[int, int] = {}  # key -> depth in its chain
+    cache: dict[int, tuple[int, int]] = {}  # key -> (next lookup, depth): its live heap entry
+    heap: list[tuple[int, int, int]] = []  # (-next lookup, -depth, -key): the first to drop on top
     out = []
     for r, (look, ins) in enumerate(zip(trace.lookups, trace.inserts, strict=True)):
         k = 0
         while k < len(look) and look[k] in cache:
             k += 1
         out.append(k)
-        cache.update((key, depth) for depth, key in enumerate(ins))
-        ranked = [(next_use(key, r), depth, key) for key, depth in cache.items()]
-        keep = heapq.nsmallest(capacity_blocks, ranked)
-        cache = {key: depth for nxt, depth, key in keep if nxt != _NEVER}
+        for depth, key in enumerate(ins):
+            lst = uses.get(key, ())
+            i = position.get(key, 0)
+            while i < len(lst) and lst[i] <= r:
+                i += 1
+            if lst:
+                position[key] = i
+            nxt = lst[i] if i < len(lst) else _NEVER
+            if nxt == _NEVER:
+                cache.pop(key, None)  # never looked up again: dropped (its heap entry is stale)
+                continue
+            cache[key] = (nxt, depth)
+            heapq.heappush(heap, (-nxt, -depth, -key))
+        while len(cache) > capacity_blocks:
+            nxt, depth, key = heapq.heappop(heap)
+            if cache.get(-key) == (-nxt, -depth):
+                del cache[-key]
     return _hits_per_request(trace, out)
 
 

@@ -12,6 +12,22 @@ Definitions (rejected requests, which never ran, are left out of every rate):
 - TTFT:             simulated seconds from arrival to the first output token under the engine's
                     CostModel (queueing included); ``isolated_ttft_s`` is the no-queue estimate
                     ``step_overhead_s + prefill_token_s * (prompt - hit)``.
+- fraction of infinite: a hit rate over the same convention's infinite-cache hit rate.
+
+Two block conventions for traces that come as block ids (Mooncake: one id per 512-token block,
+the last one partial; an equal id means an equal prefix), named in every table and figure:
+
+- C1 (``"C1"``, Mooncake's ids as they come): a request looks up every id of its prompt, the
+  partial last block included, with no cap, and leaves every id cached. A hit on the partial
+  block counts its tokens. The infinite-cache block hit rate under C1 is what
+  ``traces.infinite_cache_block_hit_rate`` computes.
+- C2 (``"C2"``, the engine's): a request looks up only the full blocks of its first n - 1
+  tokens (the last token is always computed, as in vLLM and SGLang) and leaves its n // B full
+  blocks cached; partial blocks are never cached. Both backends follow C2 at their own page size.
+
+Under both, block hit rate = hit blocks / every block of every prompt (ceil(n / B), partial
+ones included); token hit rate = hit tokens / prompt tokens; rejected requests are left out and
+counted.
 """
 
 from __future__ import annotations
@@ -22,7 +38,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefixcache.experiments.analysis.bounds import block_trace, infinite_cache_hits
+from prefixcache.experiments.analysis.bounds import BlockTrace, block_trace, infinite_cache_hits
+from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, TraceRecord
 
 from prefixcache import CostModel, PrefixCache, RequestRecord
 
@@ -117,3 +134,33 @@ def index_memory(cache: PrefixCache) -> dict[str, float | None]:
 
 def _ran(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     return [r for r in records if not r.rejected]
+
+
+# ------------------------------------------------------------------------------ conventions
+CONVENTIONS = ("C1", "C2")
+
+
+def block_id_trace(
+    records: Sequence[TraceRecord], convention: str, block: int = MOONCAKE_BLOCK
+) -> BlockTrace:
+    """The block trace of a block-id trace under ``convention`` (see the module docstring)."""
+    if convention == "C1":
+        ids = [list(r.hash_ids) for r in records]
+        return BlockTrace(ids, ids, block)
+    if convention == "C2":
+        lookups = [list(r.hash_ids[: (r.input_length - 1) // block]) for r in records]
+        inserts = [list(r.hash_ids[: r.input_length // block]) for r in records]
+        return BlockTrace(lookups, inserts, block)
+    raise ValueError(f"unknown convention {convention!r}; valid: {', '.join(CONVENTIONS)}")
+
+
+def block_id_hit_rates(
+    records: Sequence[TraceRecord], hit_tokens: Sequence[int], block: int = MOONCAKE_BLOCK
+) -> tuple[float, float]:
+    """(token hit rate, block hit rate) of per-request hits from the ``bounds`` functions on a
+    ``block_id_trace`` (whole blocks: a hit on a partial last block counts its real tokens)."""
+    tokens = sum(r.input_length for r in records)
+    blocks = sum(-(-r.input_length // block) for r in records)
+    hit = sum(min(h, r.input_length) for h, r in zip(hit_tokens, records, strict=True))
+    hit_blocks = sum(h // block for h in hit_tokens)
+    return (hit / tokens if tokens else 0.0), (hit_blocks / blocks if blocks else 0.0)

@@ -209,6 +209,7 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
         requests=int(len(df)), rejected=int(df["rejected"].sum()), queries=stats.queries,
         hits=stats.hits, hit_rate=stats.hit_rate, evicted_tokens=stats.evicted_tokens,
         prompt_tokens=int(df["prompt_tokens"].sum()), hit_tokens=int(df["hit_tokens"].sum()),
+        block_hit_rate=page_hit_rate(df[~df["rejected"]], config["page_size"]),
         cache_op_s=float(df["cache_op_ns"].sum()) * 1e-9, wall_s=time.perf_counter() - t0,
     )
     folder.mkdir(parents=True, exist_ok=True)
@@ -217,6 +218,12 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
     row = {**flat_config(config), **summary, "cell": folder.name}
     summary_path.write_text(json.dumps(row, indent=2, default=str))
     return row
+
+
+def page_hit_rate(df: pd.DataFrame, page_size: int) -> float:
+    """Hit pages over every page of every prompt (metrics.py's block hit rate), per-request rows."""
+    pages = int((-(-df["prompt_tokens"] // page_size)).sum())
+    return int((df["hit_tokens"] // page_size).sum()) / pages if pages else 0.0
 
 
 def flat_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -9,8 +9,7 @@ Mooncake traces hash 512-token blocks: a prompt is rebuilt from its block ids, s
 share either whole 512-token blocks or nothing, and the trace cannot tell designs apart below
 512 tokens. The trace bounds are therefore computed over 512-token blocks (identical to 16 up to
 partial last blocks, and 30x cheaper for Belady). At default scale a prefix of each trace is
-replayed; capacities are fixed token counts, so compare shapes, not the x positions of
-Mooncake's Fig. 9 (which used its whole trace).
+replayed; the whole traces are study_whole_traces.py's.
 """
 
 from __future__ import annotations
@@ -31,11 +30,7 @@ from prefixcache.experiments.figures.common import (
     save_study,
     study_main,
 )
-from prefixcache.experiments.inputs.traces import (
-    infinite_cache_block_hit_rate,
-    mooncake_prompt,
-    read_mooncake,
-)
+from prefixcache.experiments.inputs.traces import mooncake_prompt, read_mooncake
 
 STUDY = "capacity"
 PAGE = 16
@@ -127,43 +122,7 @@ def bound_rows(scale: str, out_root: Path, force: bool) -> list[dict[str, Any]]:
     return rows
 
 
-# Mooncake's Fig. 9 capacities (3M and 50M tokens) and a grid around them, whole traces.
-WHOLE_TRACE_CAPACITIES = [1 << 20, 2 << 20, 3_000_000, 1 << 22, 1 << 23, 1 << 24, 1 << 25, 50_000_000,
-                          1 << 26, 1 << 27]
-
-
-def whole_trace_rows(scale: str, out_root: Path, force: bool) -> list[dict[str, Any]]:
-    """Block-LRU model over each *whole* trace on its own 512-token block ids (cheap: one
-    Mattson pass), and the trace's infinite-cache block hit rate as Mooncake defines it."""
-    path = out_root / STUDY / "whole_traces.json"
-    if path.exists() and not force:
-        return list(json.loads(path.read_text()))
-    rows = []
-    limit = 200 if scale == "tiny" else None
-    for source, file in MOONCAKE_TRACES.items():
-        records = read_mooncake(file)[:limit]
-        # Mooncake ids are chained (an equal id means an equal prefix): they are block keys.
-        lookups = [list(r.hash_ids[: (r.input_length - 1) // TRACE_BOUND_PAGE]) for r in records]
-        inserts = [list(r.hash_ids[: r.input_length // TRACE_BOUND_PAGE]) for r in records]
-        trace = bounds.BlockTrace(lookups, inserts, TRACE_BOUND_PAGE)
-        total = sum(r.input_length for r in records)
-        inf_tokens = sum(bounds.infinite_cache_hits(trace))
-        block_inf = infinite_cache_block_hit_rate(records)
-        caps = [c // TRACE_BOUND_PAGE for c in WHOLE_TRACE_CAPACITIES]
-        for cap, hits in zip(WHOLE_TRACE_CAPACITIES, bounds.lru_hit_curve(trace, caps), strict=True):
-            rows.append(dict(source=source, requests=len(records), capacity_tokens=cap,
-                             lru_hit_rate=hits / total, infinite_hit_rate=inf_tokens / total,
-                             infinite_block_hit_rate=block_inf,
-                             lru_fraction_of_infinite=hits / inf_tokens if inf_tokens else 0.0))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rows, indent=1))
-    return rows
-
-
 def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -> Path:
-    from prefixcache.experiments.figures.common import write_table
-
-    write_table(pd.DataFrame(whole_trace_rows(scale, out, force)), out / STUDY / "whole_traces")
     # One process per trace shares its (costly, prompt-only) request list across its cells;
     # synthetic requests get answers appended by a replay, so each of those cells is alone.
     df = run_cells(configs(scale), out, force=force, jobs=jobs,

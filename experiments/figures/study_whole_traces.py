@@ -1,0 +1,135 @@
+"""Study: hit rates over the *whole* Mooncake traces, the paper's main capacity result.
+
+One tidy file, ``results/whole_traces/hit_rates.csv``, one row per (trace, capacity, backend,
+page size, policy, convention): rates as fractions in [0, 1], requests counted and rejected
+ones (larger than the cache) counted apart.
+
+- ``block-model`` rows (every scale): the block-level model of ``analysis/bounds.py`` on the
+  traces' own 512-token block ids, under both conventions of ``analysis/metrics.py`` (C1:
+  Mooncake's ids as they come; C2: the engine's n-1 cap, full blocks only): block-LRU, the
+  offline optimum (Belady, block level) and the infinite cache (``capacity_tokens`` = inf).
+  Whole traces take seconds.
+- backend rows (``--scale full`` only: one whole-trace replay takes minutes on 2 cores): both
+  complete traces replayed request by request through hashchain (B=16, LRU) and radix (page 1
+  and 16; LRU, LFU, SLRU, FIFO, priority), convention C2 (what the backends do).
+
+Mooncake's trace hashes 512-token blocks, so it cannot tell the designs apart below 512 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from prefixcache.experiments.analysis import bounds
+from prefixcache.experiments.analysis.metrics import CONVENTIONS, block_id_hit_rates, block_id_trace
+from prefixcache.experiments.figures.common import (
+    MOONCAKE_TRACES,
+    cell_config,
+    check_scale,
+    run_cells,
+    study_main,
+)
+from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, read_mooncake
+
+STUDY = "whole_traces"
+TRACES = {"conversation": "mooncake-conversation", "synthetic": "mooncake-synthetic"}
+CAPACITIES = [1_000_000, 2_000_000, 3_000_000, 6_000_000, 10_000_000, 50_000_000]
+BLOCK_POLICIES = {"lru": bounds.lru_hits, "belady": bounds.belady_hits}
+BACKENDS = [("hashchain", 16, ["lru"]), ("radix", 1, ["lru"]),
+            ("radix", 16, ["lru", "lfu", "slru", "fifo", "priority"])]
+SCALE = {
+    "tiny": dict(limit=100, backends=True, capacities=[1_000_000, 3_000_000, 50_000_000]),  # every kind, small
+    "default": dict(limit=None, backends=False, capacities=CAPACITIES),
+    "full": dict(limit=None, backends=True, capacities=CAPACITIES),
+}
+COLUMNS = ["trace", "capacity_tokens", "backend", "page_size", "policy", "convention",
+           "token_hit_rate", "block_hit_rate", "requests", "rejected"]
+
+
+def block_model_rows(limit: int | None, capacities: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    for trace, source in TRACES.items():
+        records = read_mooncake(MOONCAKE_TRACES[source])[:limit]
+        for convention in CONVENTIONS:
+            blocks = block_id_trace(records, convention)
+            runs = {("infinite", math.inf): bounds.infinite_cache_hits(blocks)}
+            for policy, hits_at in BLOCK_POLICIES.items():
+                for cap in capacities:
+                    runs[(policy, cap)] = hits_at(blocks, cap // MOONCAKE_BLOCK)
+            for (policy, cap), hits in runs.items():
+                token_rate, block_rate = block_id_hit_rates(records, hits)
+                rows.append(dict(trace=trace, capacity_tokens=cap, backend="block-model",
+                                 page_size=MOONCAKE_BLOCK, policy=policy, convention=convention,
+                                 token_hit_rate=token_rate, block_hit_rate=block_rate,
+                                 requests=len(records), rejected=0))
+    return rows
+
+
+def backend_configs(limit: int | None, capacities: list[int]) -> list[dict[str, Any]]:
+    out = []
+    for trace, source in TRACES.items():
+        for backend, page, policies in BACKENDS:
+            for policy in policies:
+                options = {"eviction_policy": policy} if backend == "radix" else {}
+                for cap in capacities:
+                    out.append(cell_config(STUDY, source=source, backend=backend, page_size=page,
+                                           capacity_tokens=cap, mode="replay", options=options,
+                                           label=f"{trace}-{policy}", limit=limit))
+    return out
+
+
+def backend_rows(cells: pd.DataFrame) -> list[dict[str, Any]]:
+    trace_of = {source: trace for trace, source in TRACES.items()}
+    rows = []
+    for c in cells.to_dict("records"):
+        policy = json.loads(c["options"]).get("eviction_policy", "lru")
+        rows.append(dict(trace=trace_of[c["source"]], capacity_tokens=c["capacity_tokens"],
+                         backend=c["backend"], page_size=c["page_size"], policy=policy, convention="C2",
+                         token_hit_rate=c["hit_rate"], block_hit_rate=c["block_hit_rate"],
+                         requests=c["requests"], rejected=c["rejected"]))
+    return rows
+
+
+def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -> Path:
+    s = SCALE[check_scale(scale)]
+    rows = block_model_rows(s["limit"], s["capacities"])
+    if s["backends"]:
+        # One process per trace shares its request list across that trace's cells.
+        cells = run_cells(backend_configs(s["limit"], s["capacities"]), out, force=force, jobs=jobs,
+                          group=lambda c: c["source"])
+        rows += backend_rows(cells)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    caps = [c if math.isinf(c) else int(c) for c in df["capacity_tokens"]]
+    df["capacity_tokens"] = pd.Series(caps, index=df.index, dtype=object)  # ints, and inf
+    folder = out / STUDY
+    folder.mkdir(parents=True, exist_ok=True)
+    df.to_csv(folder / "hit_rates.csv", index=False)
+    print(f"{STUDY}: {len(df)} rows -> {folder / 'hit_rates.csv'}")
+    return folder
+
+
+def load_hit_rates(results: Path) -> pd.DataFrame:
+    return pd.read_csv(results / STUDY / "hit_rates.csv")
+
+
+def fraction_of_infinite(
+    df: pd.DataFrame, trace: str, policy: str, convention: str, capacity: float
+) -> float:
+    """A block-model policy's token hit rate over the infinite cache's, same trace and convention."""
+    d = df[(df["trace"] == trace) & (df["backend"] == "block-model") & (df["convention"] == convention)]
+    inf = d[d["policy"] == "infinite"]["token_hit_rate"].iloc[0]
+    at = d["capacity_tokens"].astype(float) == capacity
+    value = d[(d["policy"] == policy) & at]["token_hit_rate"].iloc[0]
+    return float(value / inf) if inf else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return study_main(run, SCALE, __doc__, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
