@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: setup test test-thorough mutants bench upstream reproduce lint clean
+.PHONY: setup test test-thorough mutants bench upstream whole-traces-full reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,11 @@ upstream: $(STAMP)
 	test -x .venv-upstream/bin/python || bash experiments/upstream/setup_venv.sh
 	.venv-upstream/bin/python -m prefixcache.experiments.upstream.vs_upstream
 
+# Both whole Mooncake traces through both backends at every capacity (about an hour on 2 cores):
+# writes the committed results/whole_traces_full/ that reproduce reads.
+whole-traces-full: $(STAMP)
+	$(BIN)/python -m prefixcache.experiments.figures.study_whole_traces --scale full --out results
+
 reproduce: $(STAMP)
 	$(BIN)/python -m prefixcache reproduce --scale $(SCALE) $(if $(FORCE),--force,)
 
@@ -46,5 +51,5 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .hypothesis
-	# results/bench/ is committed (measured by make bench / make upstream only)
-	find results -mindepth 1 -maxdepth 1 ! -name bench -exec rm -rf {} + 2>/dev/null || true
+	# results/bench/ and results/whole_traces_full/ are committed (their own targets write them)
+	find results -mindepth 1 -maxdepth 1 ! -name bench ! -name whole_traces_full -exec rm -rf {} + 2>/dev/null || true

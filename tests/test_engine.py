@@ -163,6 +163,17 @@ def test_dfs_weight_puts_the_heavier_subtree_first() -> None:
     assert order[:3] == ["x0", "x1", "x2"] and order[3] == "y0"
 
 
+def test_offline_dfs_order_puts_a_request_before_the_ones_that_extend_it() -> None:
+    """A chat turn is the prefix of the next: in the offline order it comes first, however many
+    requests extend it (else the optimum would count hits on KV not yet computed)."""
+    base = tokens(8, seed=1)
+    turn1 = Request("turn1", base)
+    deeper = [Request(f"turn2-{i}", base + tokens(4, seed=10 + i)) for i in range(3)]
+    other = Request("other", tokens(8, seed=2))
+    order = [r.request_id for r in dfs_weight_order([*deeper, other, turn1])]
+    assert order == ["turn1", "turn2-0", "turn2-1", "turn2-2", "other"]
+
+
 def test_dfs_weight_walks_the_cached_tree_heavier_subtree_first_unmatched_last() -> None:
     """SGLang's dfs-weight: requests hang where their cached prefix ends; a node's subtree runs
     before its own requests, and requests with no hit (at the root) come last in queue order."""

@@ -62,8 +62,14 @@ def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) 
         defined |= set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}", (paper / i).read_text()))
     tex = MAIN_TEX.read_text()
     guarded = re.sub(r"\\ifx.*?\\fi", "", tex, flags=re.S)
-    used = set(re.findall(r"\\((?:gran|cap|sched|ev|ttft)[A-Z][A-Za-z]*)", guarded))
+    used = set(re.findall(r"\\((?:gran|cap|sched|ev|ttft|wt|ops)[A-Z][A-Za-z]*)", guarded))
     assert used <= defined, f"undefined macros: {sorted(used - defined)}"
+    # Every \ref has its \label in the text or in a snippet (no LaTeX here to say "??").
+    labels = set(re.findall(r"\\label\{([^}]+)\}", tex))
+    for i in inputs:
+        labels |= set(re.findall(r"\\label\{([^}]+)\}", (paper / i).read_text()))
+    refs = set(re.findall(r"\\ref\{([^}]+)\}", tex))
+    assert refs <= labels, f"undefined references: {sorted(refs - labels)}"
 
     # Cells are folders named from their config, each holding that config.
     cell = next((results / "granularity").glob("*/config.json"))
@@ -73,3 +79,9 @@ def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) 
     stamps = {p: p.stat().st_mtime_ns for p in results.glob("*/*/summary.json")}
     assert reproduce.main(argv) == 0
     assert stamps and all(p.stat().st_mtime_ns == t for p, t in stamps.items())
+
+
+def test_published_table_never_prints_minus_zero() -> None:
+    from prefixcache.experiments.figures.tab_published import signed
+
+    assert [signed(x) for x in (-0.04, 0.04, 0.0, 2.34, -1.06)] == ["0.0", "0.0", "0.0", "+2.3", "-1.1"]

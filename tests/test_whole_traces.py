@@ -94,3 +94,26 @@ def test_block_model_rows_agree_with_independent_recomputations(tiny_hit_rates: 
             assert float(row["token_hit_rate"].iloc[0]) == pytest.approx(hits / prompt)
         c1 = df[(df["trace"] == trace) & (df["convention"] == "C1") & (df["policy"] == "infinite")]
         assert float(c1["block_hit_rate"].iloc[0]) == pytest.approx(infinite_cache_block_hit_rate(records))
+
+
+def test_whole_trace_table_reads_the_committed_full_result_or_says_it_is_absent(
+    tiny_hit_rates: pd.DataFrame, tmp_path
+) -> None:
+    from prefixcache.experiments.figures import tab_whole_traces
+
+    tab_whole_traces.make(tmp_path / "none", tmp_path / "paper")
+    generated = tmp_path / "paper" / "generated"
+    assert "make whole-traces-full" in (generated / "whole_traces.tex").read_text()
+    assert "\\newcommand{\\wtConvRadixLfu}{--}" in (generated / "whole_traces_values.tex").read_text()
+
+    (tmp_path / "r" / "whole_traces_full").mkdir(parents=True)
+    tiny_hit_rates.to_csv(tmp_path / "r" / "whole_traces_full" / "hit_rates.csv", index=False)
+    tab_whole_traces.make(tmp_path / "r", tmp_path / "paper")
+    table = (generated / "whole_traces.tex").read_text()
+    assert "\\label{tab:whole-traces}" in table and "radix, $B=16$ & SLRU" in table
+    conv = tiny_hit_rates[(tiny_hit_rates["trace"] == "conversation") & (tiny_hit_rates["backend"] == "radix")
+                          & (tiny_hit_rates["page_size"] == 16) & (tiny_hit_rates["policy"] == "lfu")
+                          & (tiny_hit_rates["capacity_tokens"] == 3_000_000)]
+    expected = f"{float(conv['token_hit_rate'].iloc[0]) * 100:.1f}"
+    values = (generated / "whole_traces_values.tex").read_text()
+    assert f"\\newcommand{{\\wtConvRadixLfu}}{{{expected}}}" in values

@@ -73,3 +73,19 @@ def test_unknown_workload_or_parameter_lists_the_valid_ones() -> None:
         make_workload("nope")
     with pytest.raises(ValueError, match="no parameter"):
         make_workload("rag", turns=3)
+
+
+def test_arrivals_are_common_random_numbers_across_sweep_points() -> None:
+    """The TTFT sweep's fairness: one arrival sample per seed, whatever the prompts share."""
+    def times(**kw: object) -> list[float]:
+        reqs = make_workload("generated-shared-prefix", seed=3, request_rate=10.0, **kw).generate()
+        return [r.arrival_time for r in reqs]
+
+    base = times(system_prompt_len=16)
+    assert base == times(system_prompt_len=200, question_len=8)
+    assert base != [r.arrival_time for r in make_workload(
+        "generated-shared-prefix", seed=4, request_rate=10.0, system_prompt_len=16).generate()]
+    faster = [r.arrival_time for r in make_workload(
+        "generated-shared-prefix", seed=3, request_rate=20.0, system_prompt_len=16).generate()]
+    assert faster == pytest.approx([t / 2 for t in base])
+    assert base == sorted(base) and base[0] > 0

@@ -212,8 +212,9 @@ def offline_schedule(reqs: Sequence[Request], scheduler: str) -> tuple[Sequence[
 
 def dfs_weight_order(reqs: Sequence[Request]) -> list[Request]:
     """The offline order of SGLang's Theorem 3.1, the scheduling study's optimum: depth-first
-    over the token trie of ``reqs``; at each branch the child holding more requests goes first
-    (ties: the one whose earliest request is earlier in the queue)."""
+    over the token trie of ``reqs``; a request ending at a node goes before the node's children,
+    and at each branch the child holding more requests goes first (ties: the one whose earliest
+    request is earlier in the queue)."""
     # Sorting the sequences makes every trie subtree a contiguous run; adjacent common-prefix
     # lengths (lcp[i] between items i-1 and i) then give the branch depths.
     keyed = sorted(range(len(reqs)), key=lambda i: (reqs[i].namespace, tuple(reqs[i].all_token_ids)))
@@ -240,7 +241,10 @@ def dfs_weight_order(reqs: Sequence[Request]) -> list[Request]:
                 runs.append((start, i))
                 start = i
         runs.append((start, hi))
-        runs.sort(key=lambda run: (-(run[1] - run[0]), min(keyed[run[0] : run[1]])))
+        # A request that ends at this node computes the prefix its subtree shares: it goes first
+        # (a chat turn before the turns that extend it); then the heavier child.
+        runs.sort(key=lambda run: (len(seqs[run[0]]) != depth, -(run[1] - run[0]),
+                                   min(keyed[run[0] : run[1]])))
         stack.extend(reversed(runs))  # heaviest child popped first
     return [reqs[i] for i in out]
 

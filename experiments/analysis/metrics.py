@@ -164,3 +164,22 @@ def block_id_hit_rates(
     hit = sum(min(h, r.input_length) for h, r in zip(hit_tokens, records, strict=True))
     hit_blocks = sum(h // block for h in hit_tokens)
     return (hit / tokens if tokens else 0.0), (hit_blocks / blocks if blocks else 0.0)
+
+
+# ------------------------------------------------------------------------------ intervals
+# Student's t, two-sided 95%, by degrees of freedom (beyond 30 the normal 1.96 is close enough).
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of its 95% confidence interval) of independent samples (seeds), by
+    Student's t; the half-width is nan for a single sample."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("mean_ci95 of no values")
+    if x.size == 1:
+        return float(x[0]), float("nan")
+    t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
+    return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(x.size))

@@ -38,13 +38,14 @@ from prefixcache.experiments.figures import (
     study_whole_traces,
     tab_features,
     tab_published,
+    tab_whole_traces,
 )
 from prefixcache.experiments.figures.common import SCALES
 
 STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduling, study_eviction,
            study_ttft]
 FIGURES = [fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_ttft, fig_ops, fig_kernel,
-           tab_published, tab_features]
+           tab_published, tab_features, tab_whole_traces]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 

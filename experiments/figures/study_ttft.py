@@ -2,7 +2,9 @@
 
 SGLang varies how much of each prompt is shared and plots TTFT against the hit rate that
 results. Here: SGLang's generated-shared-prefix workload with a fixed prompt length and a
-shared system prompt of ``fraction`` of it, Poisson arrivals, served by the simulated engine
+shared system prompt of ``fraction`` of it, Poisson arrivals at a utilisation of the cost
+model's prefill capacity (the same arrival sample at every sweep point: common random numbers),
+several seeds, served by the simulated engine
 (its ``CostModel``: a fixed step overhead plus per-token prefill and decode costs; queueing
 included). Beside the measured TTFT, ``metrics.isolated_ttft_s`` gives the no-queue estimate
 ``step_overhead + prefill_token_s * (prompt - hit)``. Backends at their native page sizes,
@@ -31,28 +33,42 @@ STUDY = "ttft"
 BACKENDS = [("radix", 1), ("hashchain", 16), ("none", 16)]
 PROMPT_LEN = 1024
 SCALE = {
-    "tiny": dict(fractions=[0.0, 0.75], groups=2, per_group=6, rate=18.0),
-    "default": dict(fractions=[0.0, 0.25, 0.5, 0.75, 0.875, 0.95], groups=4, per_group=32, rate=18.0),
-    "full": dict(fractions=[0.0, 0.125, 0.25, 0.5, 0.625, 0.75, 0.875, 0.95, 0.99], groups=8, per_group=64,
-                 rate=18.0),
+    "tiny": dict(fractions=[0.0, 0.75], utilisations=[0.6], groups=2, per_group=6, seeds=2),
+    "default": dict(fractions=[0.0, 0.5, 0.875], utilisations=[0.3, 0.6, 0.9], groups=4, per_group=32,
+                    seeds=5),
+    "full": dict(fractions=[0.0, 0.25, 0.5, 0.75, 0.875, 0.95], utilisations=[0.3, 0.45, 0.6, 0.75, 0.9],
+                 groups=8, per_group=64, seeds=10),
 }
 CAPACITY_TOKENS = 1 << 17
 
 
+def prefill_capacity_rps(cost: CostModel | None = None) -> float:
+    """Requests per second the cost model can prefill with no cache at all (1 / prefill_token_s
+    tokens per second, step overheads amortised by batching): utilisation 1.0."""
+    return 1.0 / ((cost or CostModel()).prefill_token_s * PROMPT_LEN)
+
+
 def configs(scale: str) -> list[dict[str, Any]]:
+    """Every (shared fraction, utilisation, seed, backend) cell. With one seed, every cell sees
+    the same arrival sample scaled to its rate (workloads draw arrivals from a stream of their
+    own), so sweep points differ only in what they sweep."""
     s = SCALE[check_scale(scale)]
     out = []
     for frac in s["fractions"]:
         shared = round(frac * PROMPT_LEN)
-        params = dict(num_groups=s["groups"], prompts_per_group=s["per_group"], system_prompt_len=shared,
-                      question_len=PROMPT_LEN - shared, output_len=16, shuffle=True, request_rate=s["rate"])
-        if shared == 0:  # no system prompt at all: the workload needs a non-empty one
-            params.update(system_prompt_len=1, question_len=PROMPT_LEN - 1)
-        for backend, page in BACKENDS:
-            c = cell_config(STUDY, source="generated-shared-prefix", backend=backend, page_size=page,
-                            capacity_tokens=CAPACITY_TOKENS, scheduler="lpm", params=params)
-            c["shared_fraction"] = frac
-            out.append(c)
+        for util in s["utilisations"]:
+            params = dict(num_groups=s["groups"], prompts_per_group=s["per_group"], system_prompt_len=shared,
+                          question_len=PROMPT_LEN - shared, output_len=16, shuffle=True,
+                          request_rate=round(util * prefill_capacity_rps(), 6))
+            if shared == 0:  # no system prompt at all: the workload needs a non-empty one
+                params.update(system_prompt_len=1, question_len=PROMPT_LEN - 1)
+            for seed in range(s["seeds"]):
+                for backend, page in BACKENDS:
+                    c = cell_config(STUDY, source="generated-shared-prefix", backend=backend,
+                                    page_size=page, capacity_tokens=CAPACITY_TOKENS, scheduler="lpm",
+                                    params=params, seed=seed)
+                    c["shared_fraction"], c["utilisation"] = frac, util
+                    out.append(c)
     return out
 
 

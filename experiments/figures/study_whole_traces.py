@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +40,15 @@ from prefixcache.experiments.figures.common import (
 from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, read_mooncake
 
 STUDY = "whole_traces"
+FULL = "whole_traces_full"  # the committed result of --scale full
 TRACES = {"conversation": "mooncake-conversation", "synthetic": "mooncake-synthetic"}
 CAPACITIES = [1_000_000, 2_000_000, 3_000_000, 6_000_000, 10_000_000, 50_000_000]
 BLOCK_POLICIES = {"lru": bounds.lru_hits, "belady": bounds.belady_hits}
 BACKENDS = [("hashchain", 16, ["lru"]), ("radix", 1, ["lru"]),
             ("radix", 16, ["lru", "lfu", "slru", "fifo", "priority"])]
 SCALE = {
-    "tiny": dict(limit=100, backends=True, capacities=[1_000_000, 3_000_000, 50_000_000]),  # every kind, small
+    # tiny: the test suite's, every kind of row on a few requests
+    "tiny": dict(limit=100, backends=True, capacities=[1_000_000, 3_000_000, 50_000_000]),
     "default": dict(limit=None, backends=False, capacities=CAPACITIES),
     "full": dict(limit=None, backends=True, capacities=CAPACITIES),
 }
@@ -96,6 +102,7 @@ def backend_rows(cells: pd.DataFrame) -> list[dict[str, Any]]:
 
 def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -> Path:
     s = SCALE[check_scale(scale)]
+    t0 = time.perf_counter()
     rows = block_model_rows(s["limit"], s["capacities"])
     if s["backends"]:
         # One process per trace shares its request list across that trace's cells.
@@ -105,15 +112,27 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
     df = pd.DataFrame(rows, columns=COLUMNS)
     caps = [c if math.isinf(c) else int(c) for c in df["capacity_tokens"]]
     df["capacity_tokens"] = pd.Series(caps, index=df.index, dtype=object)  # ints, and inf
-    folder = out / STUDY
+    # The full scale's rows take an hour: they are a committed result (results/whole_traces_full/,
+    # written by `make whole-traces-full` only, with where and how they were made).
+    folder = out / (FULL if scale == "full" else STUDY)
     folder.mkdir(parents=True, exist_ok=True)
     df.to_csv(folder / "hit_rates.csv", index=False)
+    if scale == "full":
+        meta = dict(command=" ".join(sys.argv), date=time.strftime("%Y-%m-%d"), machine=machine(),
+                    wall_s=round(time.perf_counter() - t0, 1))
+        (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"{STUDY}: {len(df)} rows -> {folder / 'hit_rates.csv'}")
     return folder
 
 
-def load_hit_rates(results: Path) -> pd.DataFrame:
-    return pd.read_csv(results / STUDY / "hit_rates.csv")
+def machine() -> str:
+    python = f"{platform.python_implementation()} {platform.python_version()}"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}, {python}"
+
+
+def load_hit_rates(results: Path, full: bool = False) -> pd.DataFrame:
+    """The default scale's rows, or (``full``) the committed full-scale result."""
+    return pd.read_csv(results / (FULL if full else STUDY) / "hit_rates.csv")
 
 
 def fraction_of_infinite(

@@ -18,6 +18,8 @@ import numpy as np
 
 from prefixcache import Request
 
+ARRIVAL_STREAM = 0xA771  # the arrival draws' own seed sequence, apart from the prompts'
+
 
 @dataclass
 class Workload(ABC):
@@ -39,10 +41,14 @@ class Workload(ABC):
     def _tokens(self, rng: np.random.Generator, n: int) -> list[int]:
         return rng.integers(0, self.vocab_size, n).tolist()  # type: ignore[no-any-return]
 
-    def _arrivals(self, rng: np.random.Generator, n: int) -> list[float]:
+    def _arrivals(self, n: int) -> list[float]:
+        """Poisson arrival times from a stream of their own (seeded by ``seed`` alone): every
+        sweep point with the same seed, rate and count gets the same arrival sample (common
+        random numbers), whatever the prompts; at another rate the same draws are rescaled."""
         if self.request_rate <= 0:
             return [0.0] * n
-        return np.cumsum(rng.exponential(1.0 / self.request_rate, n)).tolist()  # type: ignore[no-any-return]
+        gaps = np.random.default_rng((self.seed, ARRIVAL_STREAM)).exponential(1.0, n)
+        return (np.cumsum(gaps) / self.request_rate).tolist()  # type: ignore[no-any-return]
 
     def _request(self, i: int, prompt: list[int], output: list[int] | int, arrival: float) -> Request:
         planned = output if isinstance(output, list) else None
@@ -68,7 +74,7 @@ class MultiTurnChat(Workload):
     def generate(self) -> list[Request]:
         rng = self._rng()
         system = self._tokens(rng, self.system_len)
-        starts = self._arrivals(rng, self.conversations)
+        starts = self._arrivals(self.conversations)
         out: list[tuple[float, list[int], list[int]]] = []
         for c in range(self.conversations):
             context = list(system)
@@ -100,7 +106,7 @@ class FewShot(Workload):
         prefix_len = self.instruction_len + self.shots * self.exemplar_len
         prefixes = [self._tokens(rng, prefix_len) for _ in range(self.tasks)]
         picks = rng.permutation(np.repeat(np.arange(self.tasks), self.requests_per_task)).tolist()
-        times = self._arrivals(rng, len(picks))
+        times = self._arrivals(len(picks))
         return [
             self._request(i, prefixes[k] + self._tokens(rng, self.query_len), self.output_len, times[i])
             for i, k in enumerate(picks)
@@ -130,7 +136,7 @@ class SharedDocumentQA(Workload):
         docs = [self._tokens(rng, self.doc_len) for _ in range(self.num_docs)]
         weights = 1.0 / np.arange(1, self.num_docs + 1) ** self.zipf_s
         weights /= weights.sum()
-        times = self._arrivals(rng, self.num_requests)
+        times = self._arrivals(self.num_requests)
         reqs = []
         for i in range(self.num_requests):
             picked = rng.choice(self.num_docs, self.docs_per_request, replace=False, p=weights)
@@ -165,7 +171,7 @@ class TreeOfThought(Workload):
 
     def generate(self) -> list[Request]:
         rng = self._rng()
-        starts = self._arrivals(rng, self.trees)
+        starts = self._arrivals(self.trees)
         out: list[tuple[float, list[int], list[int]]] = []
         for t in range(self.trees):
             frontier = [self._tokens(rng, self.root_len)]
@@ -198,7 +204,7 @@ class ReActAgent(Workload):
     def generate(self) -> list[Request]:
         rng = self._rng()
         system = self._tokens(rng, self.system_len)
-        starts = self._arrivals(rng, self.agents)
+        starts = self._arrivals(self.agents)
         out: list[tuple[float, list[int], list[int]]] = []
         for a in range(self.agents):
             context = system + self._tokens(rng, self.task_len)
@@ -234,7 +240,7 @@ class GeneratedSharedPrefix(Workload):
             prompts += [system + self._tokens(rng, self.question_len) for _ in range(self.prompts_per_group)]
         if self.shuffle:
             prompts = [prompts[i] for i in rng.permutation(len(prompts))]
-        times = self._arrivals(rng, len(prompts))
+        times = self._arrivals(len(prompts))
         return [self._request(i, p, self.output_len, times[i]) for i, p in enumerate(prompts)]
 
 
@@ -257,7 +263,7 @@ class PrefixRepetition(Workload):
         per = self.num_requests // self.num_prefixes
         prompts = [p + self._tokens(rng, self.suffix_len) for p in prefixes for _ in range(per)]
         prompts = [prompts[i] for i in rng.permutation(len(prompts))]
-        times = self._arrivals(rng, len(prompts))
+        times = self._arrivals(len(prompts))
         return [self._request(i, p, self.output_len, times[i]) for i, p in enumerate(prompts)]
 
 
