@@ -1,4 +1,4 @@
-"""The ``prefixcache`` command: run, sweep, trace, reproduce.
+"""The ``prefixcache`` command: run, sweep, trace, show, reproduce.
 
 Every run writes one folder under ``--out`` named from its config (``config.json``,
 ``requests.parquet`` or ``requests.csv``, ``summary.json``). A folder that already holds a
@@ -314,6 +314,21 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_show(args: argparse.Namespace) -> int:
+    """Draw both index structures after a small request list (the paper's Fig. 1 by default)."""
+    from prefixcache.experiments.figures import structures
+
+    prompts = structures.parse_requests(args.requests) if args.requests else structures.WALKTHROUGH
+    if args.page_size < 1:
+        raise ValueError(f"--page-size must be >= 1, got {args.page_size}")
+    snap = structures.run_requests(prompts, args.page_size)
+    path = structures.draw(snap, args.page_size, Path(args.out))
+    for i, (h, r) in enumerate(zip(snap.hits["hashchain"], snap.hits["radix"], strict=True)):
+        print(f"request {i}: {len(prompts[i])} tokens, hit hashchain {h}, radix {r}")
+    print(f"wrote {path}")
+    return 0
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Every study, figure and table of the paper (experiments/figures/reproduce.py)."""
     from prefixcache.experiments.figures import reproduce
@@ -377,6 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="results", help="run folders and the sweep table (default: results)")
     t = sub.add_parser("trace", help="inspect a trace")
     t.add_argument("path")
+    sh = sub.add_parser("show", help="draw both index structures after a small request list")
+    sh.add_argument("--requests", help='token ids, requests split by ";" (default: the seed walkthrough)')
+    sh.add_argument("--page-size", dest="page_size", type=int, default=4,
+                    help="hashchain block size (default: 4)")
+    sh.add_argument("--out", default="structures.png", help="image file (default: structures.png)")
     rp = sub.add_parser("reproduce", help="run every study and make every figure and table of the paper")
     scales = ["tiny", "default", "full"]
     rp.add_argument("--scale", choices=scales, default="default", help="study size (default: default)")
@@ -391,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"run": cmd_run, "sweep": cmd_sweep, "trace": cmd_trace, "reproduce": cmd_reproduce}
+    commands = {"run": cmd_run, "sweep": cmd_sweep, "trace": cmd_trace, "show": cmd_show,
+                "reproduce": cmd_reproduce}
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as e:

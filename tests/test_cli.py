@@ -220,3 +220,23 @@ def test_the_offline_dfs_order_runs_under_the_papers_name(tmp_path) -> None:
     expected = [r.request_id for r in dfs_weight_order(workload.generate())]
     assert expected != fcfs  # the order is not arrival order already
     assert admitted[:8] == expected[:8]
+
+
+def test_show_draws_both_structures_from_the_backends_state(tmp_path, capsys) -> None:
+    from prefixcache.experiments.figures.structures import WALKTHROUGH, run_requests
+
+    snap = run_requests(WALKTHROUGH, 4)
+    # the seed article: B hits A's 3 blocks; C shares 10 tokens, a 4-token block cache keeps 8
+    assert snap.hits == {"hashchain": [0, 12, 8], "radix": [0, 12, 10]}
+    by_id = {b.block_id: b for b in snap.blocks}
+    assert len(by_id) == 7 and all(b.parent is None or b.parent in by_id for b in snap.blocks)
+    assert {b.tokens for b in snap.blocks} >= {(0, 1, 2, 3), (12, 13, 14, 15), (20, 21, 22, 23)}
+    assert [c.tokens for c in snap.tree.children] == [tuple(range(10))]  # split where C diverges
+    assert set(snap.free_queue) >= set(by_id)  # released: every cached block is evictable
+    out = tmp_path / "s.png"
+    assert main(["show", "--requests", "1 2 3 4 5; 1 2 3 9 9", "--page-size", "2", "--out", str(out)]) == 0
+    assert out.stat().st_size > 0
+    assert "request 1: 5 tokens, hit hashchain 2, radix 3" in capsys.readouterr().out
+    assert main(["show", "--requests", "1 x", "--out", str(out)]) == 2
+    assert main(["show", "--requests", "1", "--out", str(out)]) == 2
+    assert "at least 2 tokens" in capsys.readouterr().err
