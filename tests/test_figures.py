@@ -85,3 +85,23 @@ def test_published_table_never_prints_minus_zero() -> None:
     from prefixcache.experiments.figures.tab_published import signed
 
     assert [signed(x) for x in (-0.04, 0.04, 0.0, 2.34, -1.06)] == ["0.0", "0.0", "0.0", "+2.3", "-1.1"]
+
+
+def test_a_stored_cell_of_another_summary_version_is_run_again(tmp_path: Path) -> None:
+    """A cell stored before a summary column existed must not be reused (its figures would
+    quietly differ from a fresh clone's)."""
+    from prefixcache.experiments.figures.common import SUMMARY_VERSION, cell_config, run_cell
+
+    config = cell_config("t", source="multi-turn-chat", backend="radix", page_size=1,
+                         capacity_tokens=8192, params=dict(conversations=2, turns=2))
+    first = run_cell(config, tmp_path)
+    assert first["summary_version"] == SUMMARY_VERSION and "wait_p99_s" in first
+    path = next(tmp_path.glob("t/*/summary.json"))
+    dropped = ("summary_version", "wait_p99_s")
+    old = {k: v for k, v in json.loads(path.read_text()).items() if k not in dropped}
+    path.write_text(json.dumps(old))
+    rerun = run_cell(config, tmp_path)
+    assert rerun["summary_version"] == SUMMARY_VERSION and "wait_p99_s" in rerun
+    again = json.loads(path.read_text())
+    assert again["summary_version"] == SUMMARY_VERSION and "wait_p99_s" in again
+    assert run_cell(config, tmp_path)["wall_s"] == again["wall_s"]  # current: reused as stored

@@ -32,6 +32,8 @@ from prefixcache.experiments.inputs.workloads import make_workload
 from prefixcache import CacheConfig, Engine, PrefixCache, Request, make_cache
 
 SCALES = ("tiny", "default", "full")
+# Bump when run_cell's summary gains or changes a column: stored cells of another version rerun.
+SUMMARY_VERSION = 2
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Traces are read in place from the shared data folder (see experiments/inputs/traces.py).
 MOONCAKE_TRACES = {
@@ -176,8 +178,12 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
     summary_path = folder / "summary.json"
     if not force and summary_path.exists():
         stored = json.loads((folder / "config.json").read_text())
-        if stored == json.loads(json.dumps(config, default=str)):
-            return dict(json.loads(summary_path.read_text()))
+        row = json.loads(summary_path.read_text())
+        # Same config and a summary written by this code's schema: a cell from before a new
+        # column was added would leave that column empty and the figures quietly different.
+        same = stored == json.loads(json.dumps(config, default=str))
+        if same and row.get("summary_version") == SUMMARY_VERSION:
+            return dict(row)
     t0 = time.perf_counter()
     if requests is None:
         requests = make_requests(config)
@@ -218,7 +224,7 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
     write_table(df, folder / "requests")
-    row = {**flat_config(config), **summary, "cell": folder.name}
+    row = {**flat_config(config), **summary, "cell": folder.name, "summary_version": SUMMARY_VERSION}
     summary_path.write_text(json.dumps(row, indent=2, default=str))
     return row
 
