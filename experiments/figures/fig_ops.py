@@ -29,7 +29,7 @@ def make(results: Path, paper: Path) -> list[Path]:
     df = pd.read_csv(path)
     replay_path = results / "bench" / "replay.csv"
     replay = pd.read_csv(replay_path) if replay_path.exists() else None
-    fig, axes = plt.subplots(1, 3, figsize=(7.0, 2.5), gridspec_kw={"width_ratios": [1.1, 1.1, 0.8]})
+    fig, axes = plt.subplots(1, 3, figsize=(7.0, 3.4), gridspec_kw={"width_ratios": [1.1, 1.1, 0.8]})
     by_len = df[df["variable"] == "prompt_tokens"].copy()
     by_len["ns_per_token"] = by_len["seconds"] / by_len["value"] * 1e9
     colors = {label: f"C{i}" for i, label in enumerate(NAMES)}  # one colour per backend
@@ -40,7 +40,8 @@ def make(results: Path, paper: Path) -> list[Path]:
     axes[0].set_yscale("log")
     axes[0].set_xlabel("prompt length (tokens)")
     axes[0].set_ylabel("ns per prompt token")
-    axes[0].legend(fontsize=4.5)
+    # Legends below their panels: inside, they covered the curves.
+    axes[0].legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
     # Cost against cache size, relative to the smallest cache: work (calls) and wall time.
     by_size = df[df["variable"] == "cache_pages"]
     ax = axes[1]
@@ -57,14 +58,14 @@ def make(results: Path, paper: Path) -> list[Path]:
     ax.set_xscale("log")
     ax.set_xlabel("cache size (pages), full of evictable entries")
     ax.set_ylabel("time / time at the smallest size")
-    ax.legend(fontsize=4.5)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
     ax = axes[2]
     if replay is not None:
         conv = replay[replay["trace"] == "conversation"]
         ax.barh(conv["variant"], conv["prompt_tokens_per_s"] / 1e6, color="0.5")
         ax.axvline(TARGET_TOKENS_PER_S / 1e6, color="k", ls="--", lw=0.8)
         ax.set_xlabel("replay, M prompt tokens/s")
-        ax.tick_params(axis="y", labelsize=5)
+        ax.tick_params(axis="y", labelsize=7)
     else:
         ax.text(0.5, 0.5, "no replay.csv:\nrun make bench", ha="center", va="center", fontsize=6)
         ax.set_axis_off()
