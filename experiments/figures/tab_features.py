@@ -27,7 +27,7 @@ FEATURES: list[tuple[str, str, str]] = [
 def make(results: Path, paper: Path) -> list[Path]:
     rows = [[f, h, r] for f, h, r in FEATURES]
     return [write_table_tex(paper, "features", ["", "hashchain (vLLM)", "radix (SGLang)"], rows,
-                            "p{2.3cm}p{4.9cm}p{4.9cm}",
+                            "p{3.0cm}p{4.6cm}p{4.6cm}",
                             "The hash is the prefix vs the tree is the prefix: what each backend reproduces.",
                             "tab:features")]
 
