@@ -71,6 +71,12 @@ def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) 
     refs = set(re.findall(r"\\ref\{([^}]+)\}", tex))
     assert refs <= labels, f"undefined references: {sorted(refs - labels)}"
 
+    # The real traces at their own block structure: both present, offsets within a block.
+    traces = json.loads((results / "granularity" / "traces.json").read_text())
+    assert {t["source"] for t in traces} == {"mooncake-conversation", "mooncake-synthetic"}
+    assert all(0 <= o < t["page_size"] for t in traces for o in t["offsets"])
+    assert "mooncake-conversation (first" in (paper / "generated" / "granularity_workloads.tex").read_text()
+
     # Cells are folders named from their config, each holding that config.
     cell = next((results / "granularity").glob("*/config.json"))
     assert cell_name(json.loads(cell.read_text())) == cell.parent.name

@@ -13,6 +13,7 @@ scheduling study. Writes ``results/granularity/summary`` (one row per cell).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,43 @@ def configs(scale: str) -> list[dict[str, Any]]:
     return out
 
 
+# The real traces at their own block structure: prompts share whole 512-token blocks, so a hit
+# that a B=16 cache loses part of can only come from the n-1 cap or a shared partial block.
+TRACE_LIMIT = {"tiny": 50, "default": 400, "full": None}
+TRACE_PAGE = 16
+
+
+def trace_offsets(scale: str, out: Path, force: bool) -> list[dict[str, Any]]:
+    """Per Mooncake trace (a prefix of it): the token-level infinite-cache hit of each request
+    and what a B=16 cache loses of it (its hit mod 16), both unbounded. Cached as JSON."""
+    from prefixcache.experiments.analysis import bounds
+    from prefixcache.experiments.figures.common import MOONCAKE_TRACES
+    from prefixcache.experiments.inputs.traces import mooncake_prompt, read_mooncake
+
+    limit = TRACE_LIMIT[check_scale(scale)]
+    path = out / STUDY / f"traces-{limit or 'all'}.json"
+    if path.exists() and not force:
+        return list(json.loads(path.read_text()))
+    rows = []
+    for source, file in MOONCAKE_TRACES.items():
+        prompts = [mooncake_prompt(r) for r in read_mooncake(file)[:limit]]
+        token = bounds.infinite_cache_hits(bounds.block_trace(prompts, 1))
+        paged = bounds.infinite_cache_hits(bounds.block_trace(prompts, TRACE_PAGE))
+        lost = [t - p for t, p in zip(token, paged, strict=True) if t > 0]
+        offsets = [t % TRACE_PAGE for t in token if t > 0]
+        if lost != offsets:
+            raise RuntimeError(f"{source}: a B={TRACE_PAGE} cache lost other than hit mod B")
+        rows.append(dict(source=source, requests=len(prompts), page_size=TRACE_PAGE, offsets=offsets))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows))
+    return rows
+
+
 def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -> Path:
     df = run_cells(configs(scale), out, force=force, jobs=jobs)
     save_study(df, out, STUDY, {"scale": scale, **SCALE[scale], "capacity_tokens": CAPACITY_TOKENS})
+    rows = trace_offsets(scale, out, force)
+    (out / STUDY / "traces.json").write_text(json.dumps(rows))
     return out / STUDY
 
 
