@@ -273,13 +273,11 @@ def _run_cells(
 def sweep_table(cells: list[dict[str, Any]], out: Path) -> pd.DataFrame:
     """One tidy row per cell of the grid: its config (workload parameters as ``param_*``) and
     its summary, read back from the cell's folder."""
-    rows = []
-    for cfg in cells:
-        summary = json.loads((out / run_name(cfg) / "summary.json").read_text())
-        config = {k: v for k, v in cfg.items() if k != "params"}
-        config.update({f"param_{k}": v for k, v in cfg["params"].items()})
-        rows.append(config | summary)
-    return pd.DataFrame(rows)
+    from prefixcache.experiments.figures.common import flat_config
+
+    return pd.DataFrame(
+        [flat_config(cfg) | json.loads((out / run_name(cfg) / "summary.json").read_text()) for cfg in cells]
+    )
 
 
 def cmd_trace(args: argparse.Namespace) -> int:

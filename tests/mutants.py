@@ -111,7 +111,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: a decode stretch while the pool must evict for it": (
         "backends/radix/backend.py",
-        "if demand > self.pool.num_free * self.page_size or",
+        "if self._shortfall(demand) > 0 or",
         "if False or",
     ),
     "radix: salt not in the namespace": (

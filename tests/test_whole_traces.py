@@ -117,3 +117,20 @@ def test_whole_trace_table_reads_the_committed_full_result_or_says_it_is_absent(
     expected = f"{float(conv['token_hit_rate'].iloc[0]) * 100:.1f}"
     values = (generated / "whole_traces_values.tex").read_text()
     assert f"\\newcommand{{\\wtConvRadixLfu}}{{{expected}}}" in values
+
+
+def test_rates_are_looked_up_by_row_and_a_missing_row_is_named(tiny_hit_rates: pd.DataFrame) -> None:
+    from prefixcache.experiments.figures.study_whole_traces import find_rate, hit_rate
+
+    df = tiny_hit_rates
+    row = df[(df["trace"] == "conversation") & (df["backend"] == "radix") & (df["page_size"] == 16)
+             & (df["policy"] == "lfu") & (df["capacity_tokens"] == 3_000_000)]
+    assert find_rate(df, "conversation", "lfu", 3_000_000, backend="radix", page_size=16) == float(
+        row["token_hit_rate"].iloc[0])
+    inf = df[(df["backend"] == "block-model") & (df["policy"] == "infinite") & (df["convention"] == "C1")
+             & (df["trace"] == "synthetic")]
+    assert hit_rate(df, "synthetic", "infinite", math.inf, convention="C1", column="block_hit_rate") == float(
+        inf["block_hit_rate"].iloc[0])
+    assert find_rate(df, "conversation", "lfu", 7, backend="radix", page_size=16) is None
+    with pytest.raises(ValueError, match="no row for conversation, lru"):
+        hit_rate(df, "conversation", "lru", 123)

@@ -145,13 +145,16 @@ class RadixPrefixCache(PrefixCache[_Live]):
         allocation.py computes it) exceeds the free tokens. False, evicting nothing, if even
         evicting every unlocked leaf would not give ``num_pages`` pages (SGLang would evict
         and then fail the allocation with an out-of-memory error)."""
-        free = self.pool.num_free
-        if num_pages > free + self.tree.evictable_size() // self.page_size:
+        if num_pages > self.pool.num_free + self.tree.evictable_size() // self.page_size:
             return False
-        short = demand_tokens - free * self.page_size
+        short = self._shortfall(demand_tokens)
         if short > 0:
             self.stats.evicted_tokens += self.tree.evict(short)
         return True
+
+    def _shortfall(self, demand_tokens: int) -> int:
+        """Tokens SGLang evicts for before an allocation of ``demand_tokens`` (<= 0: none)."""
+        return demand_tokens - self.pool.num_free * self.page_size
 
     def _demand(self, num_tokens: int, decode: bool) -> tuple[int, int]:
         """(tokens to evict for, pages the need_sort merge test uses) for an allocation of
@@ -235,7 +238,7 @@ class RadixPrefixCache(PrefixCache[_Live]):
         if self.page_size == 1 or not state.decoding:
             return 0
         demand, merge_if_over = self._demand(1, decode=True)
-        if demand > self.pool.num_free * self.page_size or self.pool.would_merge(0, merge_if_over):
+        if self._shortfall(demand) > 0 or self.pool.would_merge(0, merge_if_over):
             return 0
         return len(state.pages) * self.page_size - req.num_computed_tokens
 

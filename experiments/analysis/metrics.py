@@ -74,8 +74,15 @@ def request_hit_rate(records: Sequence[RequestRecord]) -> float:
 
 def block_hit_rate(records: Sequence[RequestRecord], page_size: int) -> float:
     ran = _ran(records)
-    blocks = sum(-(-r.prompt_tokens // page_size) for r in ran)
-    return sum(r.hit_tokens // page_size for r in ran) / blocks if blocks else 0.0
+    return block_hit_rate_of([r.prompt_tokens for r in ran], [r.hit_tokens for r in ran], page_size)
+
+
+def block_hit_rate_of(prompt_tokens: Any, hit_tokens: Any, page_size: int) -> float:
+    """The block hit rate of per-request prompt and hit token counts (lists, arrays or
+    columns): whole hit blocks over every block of every prompt, partial ones included."""
+    prompt, hit = np.asarray(prompt_tokens, dtype=np.int64), np.asarray(hit_tokens, dtype=np.int64)
+    blocks = int((-(-prompt // page_size)).sum())
+    return int((hit // page_size).sum()) / blocks if blocks else 0.0
 
 
 def granularity_loss(prompts: Sequence[Sequence[int]], page_size: int) -> tuple[int, float]:
@@ -159,11 +166,10 @@ def block_id_hit_rates(
 ) -> tuple[float, float]:
     """(token hit rate, block hit rate) of per-request hits from the ``bounds`` functions on a
     ``block_id_trace`` (whole blocks: a hit on a partial last block counts its real tokens)."""
-    tokens = sum(r.input_length for r in records)
-    blocks = sum(-(-r.input_length // block) for r in records)
-    hit = sum(min(h, r.input_length) for h, r in zip(hit_tokens, records, strict=True))
-    hit_blocks = sum(h // block for h in hit_tokens)
-    return (hit / tokens if tokens else 0.0), (hit_blocks / blocks if blocks else 0.0)
+    lengths = [r.input_length for r in records]
+    tokens = sum(lengths)
+    hit = sum(min(h, n) for h, n in zip(hit_tokens, lengths, strict=True))
+    return (hit / tokens if tokens else 0.0), block_hit_rate_of(lengths, hit_tokens, block)
 
 
 # ------------------------------------------------------------------------------ intervals

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 from prefixcache.experiments.analysis.bounds import offline_schedule
+from prefixcache.experiments.analysis.metrics import block_hit_rate_of
 from prefixcache.experiments.inputs.workloads import make_workload
 
 from prefixcache import CacheConfig, Engine, PrefixCache, Request, make_cache
@@ -210,6 +211,7 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
             peak_pages_in_use=engine.peak_pages_in_use,
         )
     stats = cache.stats
+    ran = df[~df["rejected"]]
     # The cheap part of check_invariants (the full check costs seconds on a 1M-token pool and
     # is the property tests' job): every usable page is accounted for.
     if sum(cache.usage()) != cache.config.num_usable_pages:
@@ -218,7 +220,7 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
         requests=int(len(df)), rejected=int(df["rejected"].sum()), queries=stats.queries,
         hits=stats.hits, hit_rate=stats.hit_rate, evicted_tokens=stats.evicted_tokens,
         prompt_tokens=int(df["prompt_tokens"].sum()), hit_tokens=int(df["hit_tokens"].sum()),
-        block_hit_rate=page_hit_rate(df[~df["rejected"]], config["page_size"]),
+        block_hit_rate=block_hit_rate_of(ran["prompt_tokens"], ran["hit_tokens"], config["page_size"]),
         cache_op_s=float(df["cache_op_ns"].sum()) * 1e-9, wall_s=time.perf_counter() - t0,
     )
     folder.mkdir(parents=True, exist_ok=True)
@@ -229,17 +231,12 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
     return row
 
 
-def page_hit_rate(df: pd.DataFrame, page_size: int) -> float:
-    """Hit pages over every page of every prompt (metrics.py's block hit rate), per-request rows."""
-    pages = int((-(-df["prompt_tokens"] // page_size)).sum())
-    return int((df["hit_tokens"] // page_size).sum()) / pages if pages else 0.0
-
-
 def flat_config(config: dict[str, Any]) -> dict[str, Any]:
     """Config fields as table columns: nested dicts become JSON strings, params spread out."""
     row = {k: v for k, v in config.items() if not isinstance(v, dict)}
-    row["options"] = json.dumps(config["options"], sort_keys=True)
-    row.update({f"param_{k}": v for k, v in config["params"].items()})
+    nested = {k: v for k, v in config.items() if isinstance(v, dict) and k != "params"}
+    row.update({k: json.dumps(v, sort_keys=True) for k, v in nested.items()})
+    row.update({f"param_{k}": v for k, v in config.get("params", {}).items()})
     return row
 
 

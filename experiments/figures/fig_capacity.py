@@ -9,7 +9,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from prefixcache.experiments.figures.plotting import figure_main, fmt, load, save, write_macros
-from prefixcache.experiments.figures.study_whole_traces import fraction_of_infinite, load_hit_rates
+from prefixcache.experiments.figures.study_whole_traces import fraction_of_infinite, hit_rate, load_hit_rates
 
 TRACE_SOURCES = ("mooncake-conversation", "mooncake-synthetic")
 
@@ -80,9 +80,7 @@ def make(results: Path, paper: Path) -> list[Path]:
     out = [save(fig, "capacity", paper)]
 
     def rate(trace: str, policy: str, convention: str, cap: float, column: str = "token_hit_rate") -> float:
-        d = whole[(whole["trace"] == trace) & (whole["backend"] == "block-model")
-                  & (whole["convention"] == convention) & (whole["policy"] == policy)]
-        return float(d[d["capacity_tokens"].astype(float) == cap][column].iloc[0]) * 100
+        return hit_rate(whole, trace, policy, cap, convention=convention, column=column) * 100
 
     def share_of_optimum(trace: str) -> float:
         return rate(trace, "lru", "C2", 3e6) / rate(trace, "belady", "C2", 3e6)

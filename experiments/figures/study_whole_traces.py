@@ -135,15 +135,33 @@ def load_hit_rates(results: Path, full: bool = False) -> pd.DataFrame:
     return pd.read_csv(results / (FULL if full else STUDY) / "hit_rates.csv")
 
 
+def find_rate(df: pd.DataFrame, trace: str, policy: str, capacity: float, *, convention: str = "C2",
+              backend: str = "block-model", page_size: int | None = None,
+              column: str = "token_hit_rate") -> float | None:
+    """One row's rate in a hit_rates table (capacity ``math.inf`` for the infinite cache), or
+    None if the table has no such row."""
+    sel = ((df["trace"] == trace) & (df["backend"] == backend) & (df["convention"] == convention)
+           & (df["policy"] == policy) & (df["capacity_tokens"].astype(float) == float(capacity)))
+    if page_size is not None:
+        sel &= df["page_size"] == page_size
+    rows = df[sel]
+    return float(rows[column].iloc[0]) if len(rows) else None
+
+
+def hit_rate(df: pd.DataFrame, trace: str, policy: str, capacity: float, **where: Any) -> float:
+    """``find_rate`` for a row that must be there (ValueError naming it otherwise)."""
+    value = find_rate(df, trace, policy, capacity, **where)
+    if value is None:
+        raise ValueError(f"hit_rates has no row for {trace}, {policy}, {capacity} tokens, {where}")
+    return value
+
+
 def fraction_of_infinite(
     df: pd.DataFrame, trace: str, policy: str, convention: str, capacity: float
 ) -> float:
     """A block-model policy's token hit rate over the infinite cache's, same trace and convention."""
-    d = df[(df["trace"] == trace) & (df["backend"] == "block-model") & (df["convention"] == convention)]
-    inf = d[d["policy"] == "infinite"]["token_hit_rate"].iloc[0]
-    at = d["capacity_tokens"].astype(float) == capacity
-    value = d[(d["policy"] == policy) & at]["token_hit_rate"].iloc[0]
-    return float(value / inf) if inf else 0.0
+    inf = hit_rate(df, trace, "infinite", math.inf, convention=convention)
+    return hit_rate(df, trace, policy, capacity, convention=convention) / inf if inf else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,12 +3,13 @@ difference. Reads the stored results of the studies; writes ``generated/publishe
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from prefixcache.experiments.figures.fig_granularity import losses
 from prefixcache.experiments.figures.fig_scheduling import with_ratio
 from prefixcache.experiments.figures.plotting import figure_main, load, write_table_tex
-from prefixcache.experiments.figures.study_whole_traces import fraction_of_infinite, load_hit_rates
+from prefixcache.experiments.figures.study_whole_traces import fraction_of_infinite, hit_rate, load_hit_rates
 
 
 def pct(x: float) -> str:
@@ -38,9 +39,7 @@ def make(results: Path, paper: Path) -> list[Path]:
     whole = load_hit_rates(results)
 
     def infinite(trace: str, convention: str, column: str) -> float:
-        d = whole[(whole["trace"] == trace) & (whole["backend"] == "block-model")
-                  & (whole["convention"] == convention) & (whole["policy"] == "infinite")]
-        return float(d[column].iloc[0]) * 100
+        return hit_rate(whole, trace, "infinite", math.inf, convention=convention, column=column) * 100
 
     # Mooncake (FAST'25) Table 2 "cache ratio", as published (definition not given there).
     for trace, published in (("conversation", 40.0), ("synthetic", 66.0)):

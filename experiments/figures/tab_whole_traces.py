@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 from prefixcache.experiments.figures.plotting import figure_main, write_macros, write_table_tex
-from prefixcache.experiments.figures.study_whole_traces import FULL, load_hit_rates
+from prefixcache.experiments.figures.study_whole_traces import FULL, find_rate, load_hit_rates
 
 CAPACITIES = (3_000_000, 50_000_000)
 ROWS = [("block-model", 512, "lru"), ("block-model", 512, "belady"), ("hashchain", 16, "lru"),
@@ -38,14 +37,17 @@ def make(results: Path, paper: Path) -> list[Path]:
                         "(\\texttt{make whole-traces-full}).\\label{tab:whole-traces}\n")
         return [path, write_macros(paper, "whole_traces_values", dict.fromkeys(MACROS, "--"))]
     df = load_hit_rates(results, full=True)
-    df = df[df["convention"] == "C2"]
-    at = {name: value(df[(df["backend"] == b) & (df["page_size"] == p) & (df["policy"] == pol)], trace,
-                      3_000_000).removesuffix("\\%")
-          for name, (trace, b, p, pol) in MACROS.items()}
+
+    def pct(trace: str, backend: str, page: int, policy: str, cap: int) -> str:
+        value = find_rate(df, trace, policy, cap, backend=backend, page_size=page)
+        return "--" if value is None else f"{value * 100:.1f}"
+
+    at = {name: pct(trace, b, p, pol, 3_000_000) for name, (trace, b, p, pol) in MACROS.items()}
     rows = []
     for backend, page, policy in ROWS:
-        d = df[(df["backend"] == backend) & (df["page_size"] == page) & (df["policy"] == policy)]
-        cells = [value(d, trace, cap) for trace in ("conversation", "synthetic") for cap in CAPACITIES]
+        cells = [pct(trace, backend, page, policy, cap) for trace in ("conversation", "synthetic")
+                 for cap in CAPACITIES]
+        cells = [c if c == "--" else f"{c}\\%" for c in cells]
         name = "block model" if backend == "block-model" else f"{backend}, $B={page}$"
         rows.append([name, "Belady (offline)" if policy == "belady" else policy.upper(), *cells])
     header = ["Cache", "Policy", "conv.\\ 3M", "conv.\\ 50M", "syn.\\ 3M", "syn.\\ 50M"]
@@ -53,11 +55,6 @@ def make(results: Path, paper: Path) -> list[Path]:
                "(\\texttt{--scale full}, committed; \\texttt{make whole-traces-full}).")
     table = write_table_tex(paper, "whole_traces", header, rows, "llrrrr", caption, "tab:whole-traces")
     return [table, write_macros(paper, "whole_traces_values", at)]
-
-
-def value(d: pd.DataFrame, trace: str, cap: int) -> str:
-    row = d[(d["trace"] == trace) & (d["capacity_tokens"].astype(float) == cap)]
-    return f"{float(row['token_hit_rate'].iloc[0]) * 100:.1f}\\%" if len(row) else "--"
 
 
 def main(argv: list[str] | None = None) -> int:
