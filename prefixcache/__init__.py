@@ -3,6 +3,7 @@
 from prefixcache.config import CacheConfig
 from prefixcache.cost_model import CostModel
 from prefixcache.engine import Engine
+from prefixcache.eviction import eviction_policies
 from prefixcache.interface import CacheStats, InvariantError, LiveRequest, Match, PageUsage, PrefixCache
 from prefixcache.records import RequestRecord
 from prefixcache.registry import available_backends, make_cache, register_backend
@@ -27,6 +28,7 @@ __all__ = [
     "Scheduler",
     "available_backends",
     "available_schedulers",
+    "eviction_policies",
     "make_cache",
     "make_scheduler",
     "register_backend",

@@ -65,6 +65,9 @@ class CacheStats:
     preempted_hits: int = 0
     evicted_tokens: int = 0  # cached tokens dropped to make room or by evict()
     revalidated_matches: int = 0  # matches handed to allocate after the index changed
+    # Cached tokens left unreachable when the block before them was evicted (waste: a chain
+    # hits only up to its first missing block). Radix evicts leaves only: always 0 there.
+    orphaned_tokens: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -114,6 +114,16 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "if self._shortfall(demand) > 0 or",
         "if False or",
     ),
+    "hashchain: a ranked eviction policy may evict a block in use": (
+        "backends/hashchain/eviction.py",
+        "        self._drop(block)\n        block.hit_count += 1",
+        "        block.hit_count += 1",
+    ),
+    "radix: an eviction policy may evict a locked leaf": (
+        "backends/radix/radix_cache.py",
+        "return not node.evicted and node.lock_ref == 0 and not node.children",
+        "return not node.evicted and not node.children",
+    ),
     "radix: salt not in the namespace": (
         "backends/radix/backend.py",
         "return None if req.namespace == (None, None) else req.namespace",

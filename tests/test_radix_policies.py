@@ -93,3 +93,19 @@ def test_request_flow_moves_hit_count_so_lfu_keeps_the_often_used_prefix() -> No
         results[policy] = (cache.lookup(Request("h", hot)).tokens, cache.lookup(Request("c", cold)).tokens)
     assert results["lfu"] == (19, 0), "LFU evicts the once-used prompt"
     assert results["lru"] == (0, 19), "LRU evicts the least recently used prompt"
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_split_leaf_is_resorted_under_every_policy(policy: str) -> None:
+    """A match ending inside an evictable leaf splits it; the lower part stays a leaf whose
+    length (wlfu's key) changed, so its entry in the leaf index must be renewed. This is the
+    bug whole-trace replays found: wlfu left a stale priority after a split."""
+    clock = itertools.count(1).__next__
+    tree = RadixCache(1, eviction_policy=policy, clock=clock)
+    tree.insert(RadixKey([1, 2, 3, 4, 5, 6]), np.arange(6))
+    tree.insert(RadixKey([1, 2, 3, 4, 5, 6]), np.arange(6))  # hit_count 2: wlfu's key moves with length
+    tree.match_prefix(RadixKey([1, 2, 9]))  # splits [1..6] at 2
+    tree.check()
+    assert [len(n.key) for n in tree.evictable_leaves()] == [4]
+    tree.insert(RadixKey([1, 2, 7, 8]), np.arange(4))
+    tree.check()

@@ -30,7 +30,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from prefixcache import CacheConfig, PrefixCache, Request, available_backends, make_cache
+from prefixcache import CacheConfig, PrefixCache, Request, available_backends, eviction, make_cache
+from prefixcache.eviction import eviction_policies
 from tests.strategies import NAMESPACES
 
 VOCAB = 3
@@ -69,6 +70,7 @@ class CacheLifecycle(RuleBasedStateMachine):
     backend = "none"
     page_size = 4
     capacity_pages = 12
+    options: dict = {}
 
     waiting = Bundle("waiting")
     matched = Bundle("matched")  # (a waiting request, the match taken for it back then)
@@ -77,7 +79,7 @@ class CacheLifecycle(RuleBasedStateMachine):
     def setup(self, seed: int) -> None:
         self.rng = random.Random(seed)
         config = CacheConfig(self.capacity_pages * self.page_size, self.page_size)
-        self.cache = make_cache(self.backend, config)
+        self.cache = make_cache(self.backend, config, **self.options)
         self.shadow = ShadowKV(self.page_size)
         self.live_reqs: dict[str, Request] = {}
         self.corpus: list[tuple[int, ...]] = []
@@ -251,9 +253,10 @@ class CacheLifecycle(RuleBasedStateMachine):
             self.shadow.check(self.cache, req, req.num_computed_tokens, "live request")
 
 
-def machine_for(backend: str, page_size: int) -> type[CacheLifecycle]:
-    attrs = {"backend": backend, "page_size": page_size}
-    return type(f"Lifecycle_{backend}_p{page_size}", (CacheLifecycle,), attrs)
+def machine_for(backend: str, page_size: int, **options: object) -> type[CacheLifecycle]:
+    attrs = {"backend": backend, "page_size": page_size, "options": options}
+    suffix = "".join(f"_{v}" for v in options.values())
+    return type(f"Lifecycle_{backend}_p{page_size}{suffix}", (CacheLifecycle,), attrs)
 
 
 CASES = [(b, p) for b in available_backends() for p in ((1, 4) if b == "radix" else (4,))]
@@ -267,3 +270,22 @@ def test_lifecycle_keeps_invariants_and_never_corrupts_kv(backend: str, page_siz
     if backend != "none" and page_size > 1:  # page size 1 takes a page every decode step
         assert STRETCHES.get(backend, 0) > 0, "no decode stretch was taken: the rule proved nothing"
     print(f"stateful steps run: backend={backend} page_size={page_size} steps={STEPS.get(backend, 0)}")
+
+
+# Every eviction policy of both designs (lru, the default, runs above): each must keep every
+# invariant and hand back only a request's own KV (the wlfu split bug hid here: nothing ran
+# the machine with a non-default policy).
+POLICY_CASES = [
+    (b, p, policy)
+    for b in eviction.BACKENDS_WITH_POLICIES
+    for p in ((1, 4) if b == "radix" else (4,))
+    for policy in eviction_policies(b)
+    if policy != "lru"
+]
+
+
+@pytest.mark.parametrize("backend, page_size, policy", POLICY_CASES)
+def test_lifecycle_under_every_eviction_policy(backend: str, page_size: int, policy: str) -> None:
+    STEPS.pop(backend, None)
+    machine_for(backend, page_size, eviction_policy=policy).TestCase().runTest()
+    assert STEPS.get(backend, 0) > 0

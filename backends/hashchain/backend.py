@@ -35,6 +35,9 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                     for cost comparisons only)
     free_order:     "reverse" (vLLM) | "forward": order in which a request's blocks are freed
     unhashed_first: True (vLLM): freed blocks without a hash go to the head of the free queue
+    eviction_policy: "lru" (vLLM: the free queue's order) or any other name of
+                    ``prefixcache.eviction_policies("hashchain")``: ranks the free cached leaf
+                    blocks (ours, backends/hashchain/eviction.py)
     attention_groups: KV-cache groups of a hybrid model, e.g. [("full",), ("sliding_window", 128)];
                     default one full-attention group. Several groups share one block pool
                     (kv_cache_coordinator.py); ``page_table`` shows group 0, ``page_tables``
@@ -54,6 +57,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         free_order: str = "reverse",
         unhashed_first: bool = True,
         attention_groups: Sequence[object] | None = None,
+        eviction_policy: str = "lru",
     ) -> None:
         super().__init__(config)
         if not isinstance(unhashed_first, bool):
@@ -70,6 +74,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             self.attention_groups,
             free_order=free_order,
             unhashed_first=unhashed_first,
+            eviction_policy=eviction_policy,
         )
         self.block_pool = self.manager.block_pool
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
@@ -220,3 +225,6 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         evicted = self.block_pool.num_evicted_blocks
         self.stats.evicted_tokens += (evicted - self._evicted_seen) * self.page_size
         self._evicted_seen = evicted
+        ranked = self.block_pool.ranked
+        if ranked is not None:
+            self.stats.orphaned_tokens = ranked.num_orphaned_blocks * self.page_size

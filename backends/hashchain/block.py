@@ -10,9 +10,28 @@ from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId
 
 
 class KVCacheBlock:
-    __slots__ = ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block", "is_null")
+    __slots__ = (
+        "block_id",
+        "ref_cnt",
+        "_block_hash",
+        "prev_free_block",
+        "next_free_block",
+        "is_null",
+        # Ours: what a ranked eviction policy reads and keeps (hashchain/eviction.py); vLLM's
+        # own LRU order, the free queue, needs none of it and never sets it.
+        "num_tokens",
+        "last_access_time",
+        "creation_time",
+        "hit_count",
+        "priority",
+        "depth",
+        "parent",
+        "parent_epoch",
+        "epoch",
+        "num_cached_children",
+    )
 
-    def __init__(self, block_id: int, is_null: bool = False) -> None:
+    def __init__(self, block_id: int, is_null: bool = False, num_tokens: int = 0) -> None:
         self.block_id = block_id  # index in [0, num_blocks); 0 is the null block
         self.ref_cnt = 0  # running requests whose block table holds this block
         # Set only while the block is full and registered in the hash map.
@@ -21,6 +40,16 @@ class KVCacheBlock:
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
         self.is_null = is_null  # placeholder block: never cached, freed or counted
+        self.num_tokens = num_tokens  # the block size
+        self.last_access_time = 0
+        self.creation_time = 0
+        self.hit_count = 0
+        self.priority = 0
+        self.depth = 0  # index in the block table of the request that cached it
+        self.parent: KVCacheBlock | None = None  # the cached block before it in that table
+        self.parent_epoch = 0  # the parent's epoch then: a re-cached parent is a stranger
+        self.epoch = 0  # advances each time the block is cached
+        self.num_cached_children = 0  # cached blocks whose live parent this is
 
     @property
     def block_hash(self) -> BlockHashWithGroupId | None:

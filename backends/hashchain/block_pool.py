@@ -11,10 +11,12 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.eviction import RankedEviction
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
 from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId
 
+from prefixcache.eviction import make_policy
 from prefixcache.interface import ensure
 
 __all__ = ["BlockHashToBlockMap", "BlockPool"]
@@ -26,16 +28,31 @@ class BlockPool:
 
     ``unhashed_first`` is our ablation switch (vLLM: always True): freed blocks without a hash
     go to the head of the free queue instead of the tail.
+
+    ``eviction_policy``: "lru" is vLLM's, the free queue's order. Any other name of
+    ``prefixcache.eviction`` ranks the free cached leaf blocks (``RankedEviction``, ours);
+    free blocks without a hash still go first, and then stay at the queue's head.
     """
 
-    def __init__(self, num_gpu_blocks: int, unhashed_first: bool = True) -> None:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        unhashed_first: bool = True,
+        eviction_policy: str = "lru",
+        block_size: int = 0,
+    ) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(
                 f"a BlockPool needs at least 2 blocks (block 0 is the null block), got {num_gpu_blocks}"
             )
         self.num_gpu_blocks = num_gpu_blocks
         self.unhashed_first = unhashed_first
-        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        policy = make_policy(eviction_policy)  # validates the name
+        if eviction_policy.lower() != "lru" and not unhashed_first:
+            raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
+        self.eviction_policy = eviction_policy.lower()
+        self.ranked = RankedEviction(policy) if self.eviction_policy != "lru" else None
+        self.blocks = [KVCacheBlock(i, num_tokens=block_size) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # The null block stands in for skipped blocks (sliding window); its ref_cnt is not kept.
@@ -69,11 +86,13 @@ class BlockPool:
         blocks: Sequence[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
+        num_prompt_blocks: int = 0,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their keys.
 
         vLLM takes the request and the group id; we take the request's keys of that group
         (``RequestHashes.keys``, built once per block), so the pool stays hash-agnostic.
+        ``num_prompt_blocks``: blocks wholly inside the prompt (the ``priority`` policy's input).
         """
         if num_cached_blocks >= num_full_blocks:
             return
@@ -89,6 +108,14 @@ class BlockPool:
             new_blocks.append(block)
             keys.append(block_keys[i])
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
+        ranked = self.ranked
+        if ranked is not None:
+            now = ranked.tick()
+            for i in range(num_cached_blocks, num_full_blocks):
+                if not blocks[i].is_null:
+                    before = blocks[i - 1] if i else None
+                    parent = before if before is not None and before.block_hash is not None else None
+                    ranked.cached(blocks[i], parent, i, i < num_prompt_blocks, now)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` from the head; a popped cached block loses its hash now."""
@@ -96,7 +123,10 @@ class BlockPool:
             raise ValueError(
                 f"cannot get {num_blocks} free blocks from the pool ({self.get_num_free_blocks()} free)"
             )
-        blocks = self.free_block_queue.popleft_n(num_blocks)
+        if self.ranked is not None:
+            blocks = self._pop_ranked(num_blocks)
+        else:
+            blocks = self.free_block_queue.popleft_n(num_blocks)
         if self.num_cached_free_blocks:  # else no free block carries a hash
             evicted = self.cached_block_hash_to_block.evict_hashed(blocks)
             self.num_cached_free_blocks -= evicted
@@ -105,12 +135,35 @@ class BlockPool:
             block.ref_cnt += 1
         return blocks
 
+    def _pop_ranked(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Free blocks without a hash first (the queue's head), then the policy's victims,
+        each evicted at once so that its parent may be the next; with no free cached leaf
+        left, the queue's head (orphaning its children, counted)."""
+        ranked = self.ranked
+        assert ranked is not None
+        queue = self.free_block_queue
+        out = queue.popleft_n(min(num_blocks, queue.num_free_blocks - self.num_cached_free_blocks))
+        while len(out) < num_blocks:
+            victim = ranked.pop_victim()
+            if victim is None:
+                victim = queue.popleft()
+            else:
+                queue.remove(victim)
+            self.num_cached_free_blocks -= 1
+            self._maybe_evict_cached_block(victim)
+            out.append(victim)
+        return out
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A hit: take unreferenced blocks out of the free queue, then ref_cnt += 1."""
         queue = self.free_block_queue
+        ranked = self.ranked
+        now = ranked.tick() if ranked is not None else 0
         for block in blocks:
             if block.is_null:  # we skip the null block's ref_cnt; vLLM bumps it and never reads it
                 continue
+            if ranked is not None:
+                ranked.hit(block, now)
             if block.ref_cnt == 0:
                 queue.remove(block)
                 if block.block_hash is not None:
@@ -135,6 +188,11 @@ class BlockPool:
                 released.append(block)
         if not released:
             return
+        if self.ranked is not None:
+            now = self.ranked.tick()
+            for b in released:
+                if b.block_hash is not None:
+                    self.ranked.freed(b, now)
         if self.unhashed_first:
             with_hash = [b for b in released if b.block_hash is not None]
             self.num_cached_free_blocks += len(with_hash)
@@ -157,13 +215,24 @@ class BlockPool:
             block = self.blocks[block_id]
             if block.block_hash is not None and block.ref_cnt == 0 and not block.is_null:
                 self.num_cached_free_blocks -= 1
+                self._to_unhashed_head(block)
             dropped += self._maybe_evict_cached_block(block)
         return dropped
 
+    def _to_unhashed_head(self, block: KVCacheBlock) -> None:
+        """Ranked policies take unhashed free blocks from the queue's head: a free block about
+        to lose its hash moves there (vLLM's one LRU queue leaves it in place)."""
+        if self.ranked is not None:
+            self.free_block_queue.remove(block)
+            self.free_block_queue.prepend_n((block,))
+
     def evict_lru_blocks(self, num_blocks: int) -> int:
         """Ours (vLLM evicts only lazily): drop the hashes of up to ``num_blocks`` cached
-        blocks from the head of the free queue (LRU first). The blocks stay free, now unhashed.
+        blocks from the head of the free queue (LRU first), or the policy's victims under a
+        ranked policy. The blocks stay free, now unhashed.
         """
+        if self.ranked is not None:
+            return self._evict_ranked(num_blocks)
         dropped = 0
         queue = self.free_block_queue
         block = queue.fake_free_list_head.next_free_block
@@ -174,12 +243,26 @@ class BlockPool:
             block = block.next_free_block
         return dropped
 
+    def _evict_ranked(self, num_blocks: int) -> int:
+        assert self.ranked is not None
+        dropped = 0
+        while dropped < num_blocks:
+            victim = self.ranked.pop_victim()
+            if victim is None:
+                break  # every free cached block left is a parent whose child is in use
+            self.num_cached_free_blocks -= 1
+            self._to_unhashed_head(victim)
+            dropped += self._maybe_evict_cached_block(victim)
+        return dropped
+
     def reset_prefix_cache(self) -> bool:
         """Drop every hash; refused (False, nothing changed) while any block is in use."""
         if self.get_num_free_blocks() != self.num_gpu_blocks - 1:
             return False
         self.cached_block_hash_to_block.clear()
         for block in self.blocks:
+            if self.ranked is not None and block.block_hash is not None:
+                self.ranked.uncached(block)
             block.reset_hash()
         self.num_cached_free_blocks = 0
         return True
@@ -191,6 +274,8 @@ class BlockPool:
             return False
         popped = self.cached_block_hash_to_block.pop(key, block.block_id)
         assert popped is block, f"block {block.block_id} has a hash but is not in the map"
+        if self.ranked is not None:
+            self.ranked.uncached(block)
         block.reset_hash()
         self.num_evicted_blocks += 1
         return True
@@ -267,3 +352,10 @@ class BlockPool:
             cached_free == self.num_cached_free_blocks,
             f"{cached_free} cached free blocks, counter says {self.num_cached_free_blocks}",
         )
+        if self.ranked is not None:
+            self.ranked.check(self.blocks)
+            unhashed = len(forward) - cached_free
+            ensure(
+                all(b.block_hash is None for b in forward[:unhashed]),
+                "ranked policy: a free block without a hash behind a cached one in the queue",
+            )

@@ -91,9 +91,11 @@ class KVCacheCoordinator(ABC):
         num_full = num_tokens // self.block_size
         return max(num_full - m.num_cached_block[request_id] for m in self.single_type_managers)
 
-    def cache_blocks(self, hashes: RequestHashes, request_id: str, num_tokens: int) -> None:
+    def cache_blocks(
+        self, hashes: RequestHashes, request_id: str, num_tokens: int, num_prompt_tokens: int = 0
+    ) -> None:
         for manager in self.single_type_managers:
-            manager.cache_blocks(hashes, request_id, num_tokens)
+            manager.cache_blocks(hashes, request_id, num_tokens, num_prompt_tokens)
 
     def free(self, request_id: str, reverse: bool) -> None:
         """Each group frees its blocks, group 0 first, each last block first when ``reverse``."""

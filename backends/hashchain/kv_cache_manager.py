@@ -36,12 +36,13 @@ class KVCacheManager:
         *,
         free_order: str = "reverse",
         unhashed_first: bool = True,
+        eviction_policy: str = "lru",
     ) -> None:
         if free_order not in FREE_ORDERS:
             raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {free_order!r}")
         self.block_size = block_size
         self.free_order = free_order
-        self.block_pool = BlockPool(num_gpu_blocks, unhashed_first)
+        self.block_pool = BlockPool(num_gpu_blocks, unhashed_first, eviction_policy, block_size)
         self.hasher = BlockHasher(block_size, hash_fn)
         self.coordinator = make_kv_cache_coordinator(attention_groups, self.block_pool, block_size)
 
@@ -109,7 +110,9 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
         if self.coordinator.num_blocks_to_cache(request.request_id, num_tokens) > 0:
-            self.coordinator.cache_blocks(self.hasher.request_hashes(request), request.request_id, num_tokens)
+            self.coordinator.cache_blocks(
+                self.hasher.request_hashes(request), request.request_id, num_tokens, request.num_prompt_tokens
+            )
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, last block first (vLLM's order).

@@ -140,13 +140,19 @@ class SingleTypeKVCacheManager:
         blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, hashes: RequestHashes, request_id: str, num_tokens: int) -> None:
+    def cache_blocks(
+        self, hashes: RequestHashes, request_id: str, num_tokens: int, num_prompt_tokens: int = 0
+    ) -> None:
         num_cached = self.num_cached_block[request_id]
         num_full = num_tokens // self.block_size
         if num_full <= num_cached:
             return
         self.block_pool.cache_full_blocks(
-            hashes.keys(self.kv_cache_group_id), self.req_to_blocks[request_id], num_cached, num_full
+            hashes.keys(self.kv_cache_group_id),
+            self.req_to_blocks[request_id],
+            num_cached,
+            num_full,
+            num_prompt_tokens // self.block_size,
         )
         self.num_cached_block[request_id] = num_full
 

@@ -2,9 +2,10 @@
 
 from prefixcache.backends.radix.backend import RadixPrefixCache, extra_key, mm_values, request_key
 from prefixcache.backends.radix.key import RadixKey
-from prefixcache.backends.radix.policies import POLICIES, make_policy
 from prefixcache.backends.radix.radix_cache import MatchResult, RadixCache
 from prefixcache.backends.radix.tree import TreeNode
+
+from prefixcache.eviction import POLICIES, make_policy
 
 __all__ = [
     "POLICIES",

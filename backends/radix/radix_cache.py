@@ -13,9 +13,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from prefixcache.backends.radix.key import RadixKey
-from prefixcache.backends.radix.policies import EvictionPolicy, make_policy
 from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode
 from sortedcontainers import SortedList
+
+from prefixcache.eviction import EvictionPolicy, make_policy
 
 EMPTY_SLOTS: SlotArray = np.empty(0, dtype=np.int64)
 
@@ -177,6 +178,7 @@ class RadixCache:
         child.parent = new
         new.children = {child.key.child_key(self.page_size): child}
         new.parent.children[new.key.child_key(self.page_size)] = new
+        self._refresh(child)  # a key that depends on the length (wlfu) just changed
         return new
 
     # ------------------------------------------------------------------ locks

@@ -54,6 +54,10 @@ class TreeNode:
         TreeNode.counter += 1
 
     @property
+    def num_tokens(self) -> int:
+        return len(self.key)
+
+    @property
     def evicted(self) -> bool:
         return self.value is None
 
