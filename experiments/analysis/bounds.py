@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +64,14 @@ def block_trace(
     return BlockTrace(lookups, inserts, page_size)
 
 
+def cached_prefix(look: Sequence[int], cache: Container[int]) -> int:
+    """Blocks of ``look`` found in ``cache`` before the first miss (a prefix cache stops there)."""
+    k = 0
+    while k < len(look) and look[k] in cache:
+        k += 1
+    return k
+
+
 def _hits_per_request(trace: BlockTrace, hit: list[int]) -> list[int]:
     return [h * trace.page_size for h in hit]
 
@@ -74,10 +82,7 @@ def infinite_cache_hits(trace: BlockTrace) -> list[int]:
     seen: set[int] = set()
     out = []
     for look, ins in zip(trace.lookups, trace.inserts, strict=True):
-        k = 0
-        while k < len(look) and look[k] in seen:  # a prefix cache stops at the first miss
-            k += 1
-        out.append(k)
+        out.append(cached_prefix(look, seen))
         seen.update(ins)
     return _hits_per_request(trace, out)
 
@@ -106,10 +111,7 @@ def belady_hits(trace: BlockTrace, capacity_blocks: int) -> list[int]:
     heap: list[tuple[int, int, int]] = []  # (-next lookup, -depth, -key): the first to drop on top
     out = []
     for r, (look, ins) in enumerate(zip(trace.lookups, trace.inserts, strict=True)):
-        k = 0
-        while k < len(look) and look[k] in cache:
-            k += 1
-        out.append(k)
+        out.append(cached_prefix(look, cache))
         for depth, key in enumerate(ins):
             lst = uses.get(key, ())
             i = position.get(key, 0)
@@ -139,10 +141,7 @@ def lru_hits(trace: BlockTrace, capacity_blocks: int) -> list[int]:
     lru: OrderedDict[int, None] = OrderedDict()  # least recent first
     out = []
     for look, ins in zip(trace.lookups, trace.inserts, strict=True):
-        k = 0
-        while k < len(look) and look[k] in lru:
-            k += 1
-        out.append(k)
+        out.append(cached_prefix(look, lru))
         for key in reversed(ins):  # deepest first: the root ends most recent
             lru[key] = None
             lru.move_to_end(key)

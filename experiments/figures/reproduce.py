@@ -27,6 +27,7 @@ from prefixcache.experiments.figures import (
     fig_granularity,
     fig_kernel,
     fig_ops,
+    fig_policies,
     fig_scheduling,
     fig_structures,
     fig_ttft,
@@ -45,8 +46,8 @@ from prefixcache.experiments.figures.common import SCALES
 
 STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduling, study_eviction,
            study_ttft]
-FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_ttft, fig_ops,
-           fig_kernel, tab_published, tab_features, tab_whole_traces]
+FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
+           fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 

@@ -9,6 +9,10 @@ ones (larger than the cache) counted apart.
   Mooncake's ids as they come; C2: the engine's n-1 cap, full blocks only): block-LRU, the
   offline optimum (Belady, block level) and the infinite cache (``capacity_tokens`` = inf).
   Whole traces take seconds.
+- ``block-model`` policy rows (every scale, C2, 1M-10M tokens): every eviction policy of
+  ``prefixcache.eviction`` on the same model (``analysis/eviction_model.py``: leaves only,
+  every block one page, time = request index), our online ``lrp`` and the offline
+  ``reuse-oracle`` (knows whether a block is reused, not when).
 - backend rows (``--scale full`` only: one whole-trace replay takes minutes on 2 cores): both
   complete traces replayed request by request through hashchain (B=16, LRU) and radix (page 1
   and 16; LRU, LFU, SLRU, FIFO, priority), convention C2 (what the backends do).
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefixcache.experiments.analysis import bounds
+from prefixcache.experiments.analysis import bounds, eviction_model
 from prefixcache.experiments.analysis.metrics import CONVENTIONS, block_id_hit_rates, block_id_trace
 from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
@@ -39,18 +43,24 @@ from prefixcache.experiments.figures.common import (
 )
 from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, read_mooncake
 
+from prefixcache.eviction import POLICIES
+
 STUDY = "whole_traces"
 FULL = "whole_traces_full"  # the committed result of --scale full
 TRACES = {"conversation": "mooncake-conversation", "synthetic": "mooncake-synthetic"}
 CAPACITIES = [1_000_000, 2_000_000, 3_000_000, 6_000_000, 10_000_000, 50_000_000]
 BLOCK_POLICIES = {"lru": bounds.lru_hits, "belady": bounds.belady_hits}
+# Block-model eviction policies beyond LRU and Belady, at the capacities eviction is judged at.
+MODEL_POLICIES = [p for p in POLICIES if p != "lru"] + list(eviction_model.MODEL_POLICIES)
+POLICY_CAPACITIES = CAPACITIES[:5]
 BACKENDS = [("hashchain", 16, ["lru"]), ("radix", 1, ["lru"]),
             ("radix", 16, ["lru", "lfu", "slru", "fifo", "priority"])]
 SCALE = {
     # tiny: the test suite's, every kind of row on a few requests
-    "tiny": dict(limit=100, backends=True, capacities=[1_000_000, 3_000_000, 50_000_000]),
-    "default": dict(limit=None, backends=False, capacities=CAPACITIES),
-    "full": dict(limit=None, backends=True, capacities=CAPACITIES),
+    "tiny": dict(limit=100, backends=True, capacities=[1_000_000, 3_000_000, 50_000_000],
+                 policy_capacities=[1_000_000, 3_000_000, 10_000_000]),
+    "default": dict(limit=None, backends=False, capacities=CAPACITIES, policy_capacities=POLICY_CAPACITIES),
+    "full": dict(limit=None, backends=True, capacities=CAPACITIES, policy_capacities=POLICY_CAPACITIES),
 }
 COLUMNS = ["trace", "capacity_tokens", "backend", "page_size", "policy", "convention",
            "token_hit_rate", "block_hit_rate", "requests", "rejected"]
@@ -73,6 +83,43 @@ def block_model_rows(limit: int | None, capacities: list[int]) -> list[dict[str,
                                  token_hit_rate=token_rate, block_hit_rate=block_rate,
                                  requests=len(records), rejected=0))
     return rows
+
+
+def policy_rows(
+    trace: str, policy: str, limit: int | None, capacities: list[int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One block-model policy on one trace (convention C2) at each capacity: its hit_rates rows
+    (none for lru and belady, which ``block_model_rows`` has) and its token hit rate on each
+    half of the trace (``lrp`` was tuned on the first halves; the second is held out)."""
+    records = read_mooncake(MOONCAKE_TRACES[TRACES[trace]])[:limit]
+    blocks = block_id_trace(records, "C2")
+    prompts, outputs = [r.input_length for r in records], [r.output_length for r in records]
+    rows, halves = [], []
+    middle = len(records) // 2
+    for cap in capacities:
+        if policy in BLOCK_POLICIES:
+            hits = BLOCK_POLICIES[policy](blocks, cap // MOONCAKE_BLOCK)
+        else:
+            hits = eviction_model.policy_hits(blocks, cap // MOONCAKE_BLOCK, policy, prompts, outputs)
+            token_rate, block_rate = block_id_hit_rates(records, hits)
+            rows.append(dict(trace=trace, capacity_tokens=cap, backend="block-model",
+                             page_size=MOONCAKE_BLOCK, policy=policy, convention="C2",
+                             token_hit_rate=token_rate, block_hit_rate=block_rate,
+                             requests=len(records), rejected=0))
+        for half, part in (("first", slice(0, middle)), ("second", slice(middle, None))):
+            halves.append(dict(trace=trace, half=half, capacity_tokens=cap, policy=policy,
+                               token_hit_rate=block_id_hit_rates(records[part], hits[part])[0]))
+    return rows, halves
+
+
+def all_policy_rows(
+    limit: int | None, capacities: list[int], jobs: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from joblib import Parallel, delayed
+
+    tasks = [(trace, policy) for trace in TRACES for policy in [*BLOCK_POLICIES, *MODEL_POLICIES]]
+    parts = Parallel(n_jobs=jobs)(delayed(policy_rows)(t, p, limit, capacities) for t, p in tasks)
+    return [r for rows, _ in parts for r in rows], [h for _, halves in parts for h in halves]
 
 
 def backend_configs(limit: int | None, capacities: list[int]) -> list[dict[str, Any]]:
@@ -104,6 +151,8 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
     s = SCALE[check_scale(scale)]
     t0 = time.perf_counter()
     rows = block_model_rows(s["limit"], s["capacities"])
+    policy_table, halves = all_policy_rows(s["limit"], s["policy_capacities"], jobs)
+    rows += policy_table
     if s["backends"]:
         # One process per trace shares its request list across that trace's cells.
         cells = run_cells(backend_configs(s["limit"], s["capacities"]), out, force=force, jobs=jobs,
@@ -117,6 +166,7 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
     folder = out / (FULL if scale == "full" else STUDY)
     folder.mkdir(parents=True, exist_ok=True)
     df.to_csv(folder / "hit_rates.csv", index=False)
+    pd.DataFrame(halves).to_csv(folder / "policy_halves.csv", index=False)
     if scale == "full":
         meta = dict(command=" ".join(sys.argv), date=time.strftime("%Y-%m-%d"), machine=machine(),
                     wall_s=round(time.perf_counter() - t0, 1))

@@ -1,0 +1,108 @@
+"""Figure and table: every eviction policy on the whole Mooncake traces (block model, C2), as
+the fraction of the LRU -> Belady gap it closes, with our online ``lrp`` and the offline
+reuse oracle. Reads ``results/whole_traces/{hit_rates,policy_halves}.csv``; writes
+``figures/policies``, ``generated/policies.tex`` (table) and ``generated/policies_values.tex``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from prefixcache.experiments.figures.plotting import figure_main, save, write_macros, write_table_tex
+from prefixcache.experiments.figures.study_whole_traces import MODEL_POLICIES, POLICY_CAPACITIES, STUDY
+
+TRACES = ("conversation", "synthetic")
+TABLE_CAPACITIES = (1_000_000, 3_000_000, 10_000_000)
+SHOWN_FLOOR = -1.0  # gap closed below -100% (filo, mru) is drawn at the floor
+
+
+def gap_closed(rates: pd.DataFrame) -> pd.DataFrame:
+    """(policy rate - LRU) / (Belady - LRU) for each (trace, capacity) row of a policy-wide table;
+    NaN where there is no gap (a tiny trace prefix)."""
+    gap = (rates["belady"] - rates["lru"]).where(lambda g: g > 0)
+    return rates.sub(rates["lru"], axis=0).div(gap, axis=0)
+
+
+def percent(fraction: float, signed: bool = False) -> str:
+    """A fraction as whole percent ("--" for NaN; never "-0")."""
+    if math.isnan(fraction):
+        return "--"
+    points = round(float(fraction) * 100)
+    return f"{points:+d}" if signed and points else str(points)
+
+
+def whole_trace_rates(results: Path) -> pd.DataFrame:
+    df = pd.read_csv(results / STUDY / "hit_rates.csv")
+    df = df[(df["backend"] == "block-model") & (df["convention"] == "C2")
+            & df["capacity_tokens"].astype(float).isin([float(c) for c in POLICY_CAPACITIES])]
+    df = df.assign(capacity_tokens=df["capacity_tokens"].astype(float).astype(int))
+    return df.pivot_table(index=["trace", "capacity_tokens"], columns="policy", values="token_hit_rate")
+
+
+def half_rates(results: Path, half: str) -> pd.DataFrame:
+    df = pd.read_csv(results / STUDY / "policy_halves.csv")
+    df = df[df["half"] == half]
+    return df.pivot_table(index=["trace", "capacity_tokens"], columns="policy", values="token_hit_rate")
+
+
+def make(results: Path, paper: Path) -> list[Path]:
+    gap = gap_closed(whole_trace_rates(results))
+    held_out = gap_closed(half_rates(results, "second"))
+    policies = [p for p in MODEL_POLICIES if p in gap.columns]
+    fig, axes = plt.subplots(1, 2, figsize=(6.8, 2.7), sharey=True)
+    for ax, trace in zip(axes, TRACES, strict=True):
+        g = gap.loc[trace]
+        for policy in policies:
+            ours = policy in ("lrp", "reuse-oracle")
+            ax.plot(g.index / 1e6, (g[policy].clip(lower=SHOWN_FLOOR)) * 100, marker="o", ms=3,
+                    lw=1.8 if ours else 0.9, ls="--" if policy == "reuse-oracle" else "-",
+                    color={"lrp": "black", "reuse-oracle": "0.4"}.get(policy), label=policy)
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set_xlim(0.8, 12)  # fixed: a tiny prefix has no gap, hence no point to scale to
+        ax.set_xscale("log")
+        ax.set_xticks([1, 2, 3, 6, 10], labels=["1M", "2M", "3M", "6M", "10M"])
+        ax.set_title(f"Mooncake {trace}", fontsize=8)
+        ax.set_xlabel("cache capacity (tokens)")
+    axes[0].set_ylabel("LRU$\\to$Belady gap closed (%)")
+    axes[1].legend(fontsize=6, ncol=2, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.tight_layout()
+    out = [save(fig, "policies", paper)]
+
+    def cell(frame: pd.DataFrame, trace: str, cap: int, policy: str) -> str:
+        return percent(float(frame.loc[(trace, cap), policy]), signed=True)
+
+    rows = [[policy, *[cell(gap, t, c, policy) for t in TRACES for c in TABLE_CAPACITIES]]
+            for policy in policies]
+    rows.append(["lrp, 2nd half", *[cell(held_out, t, c, "lrp") for t in TRACES for c in TABLE_CAPACITIES]])
+    header = ["Policy"] + [f"{t[:3]}.\\ {c // 10**6}M" for t in TRACES for c in TABLE_CAPACITIES]
+    caption = ("Percent of the LRU$\\to$Belady gap each policy closes on the whole Mooncake traces "
+               "(block model, C2; negative: worse than LRU). \\emph{lrp} is ours (online); "
+               "\\emph{reuse-oracle} knows whether a block is reused, not when (offline). "
+               "The last row: \\emph{lrp} on the held-out second half of each trace.")
+    out.append(write_table_tex(paper, "policies", header, rows, "l" + "r" * (len(header) - 1), caption,
+                               "tab:policies"))
+    lrp, oracle = gap["lrp"], gap["reuse-oracle"]
+    zoo = gap[[p for p in policies if p not in ("lrp", "reuse-oracle")]]
+    values = {
+        "polLrpConvThreeM": percent(lrp.loc[("conversation", 3_000_000)]),
+        "polLrpSynThreeM": percent(lrp.loc[("synthetic", 3_000_000)]),
+        "polLrpMin": percent(lrp.min()),
+        "polLrpMax": percent(lrp.max()),
+        "polLrpHeldOutMin": percent(held_out["lrp"].min()),
+        "polLrpHeldOutMax": percent(held_out["lrp"].max()),
+        "polZooBest": percent(zoo.max().max()),
+        "polOracleSynOneM": percent(oracle.loc[("synthetic", 1_000_000)]),
+        "polOracleConvOneM": percent(oracle.loc[("conversation", 1_000_000)]),
+    }
+    out.append(write_macros(paper, "policies_values", values))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    return figure_main(make, __doc__, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
