@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.bench.ops
 	$(BIN)/python -m prefixcache.experiments.bench.replay
 	$(BIN)/python -m prefixcache.experiments.bench.hashing
+	$(BIN)/python -m prefixcache.experiments.bench.eviction
 	$(BIN)/python -m pytest -q -p no:cacheprovider --benchmark-only tests/bench
 
 # Our backends against vLLM's and SGLang's own code (a separate venv; not part of CI).

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prefixcache.experiments.analysis import bounds, eviction_model
 
-from prefixcache.eviction import POLICIES
+from prefixcache.eviction import POLICIES, LearnedReuse
 
 ALL = [*POLICIES, *eviction_model.MODEL_POLICIES]
 
@@ -60,12 +60,23 @@ def test_the_reuse_oracle_does_see_the_future() -> None:
 
 
 def test_lrp_learns_a_higher_reuse_probability_for_the_class_that_is_reused() -> None:
-    policy = eviction_model.LearnedReuse(capacity=4)
+    """Two classes touched equally often; one's entries are always hit again, the other's never."""
+
+    class Entry:
+        reuse_class: tuple = ()
+        credited = False
+        last_access_time = 0
+
+    policy = LearnedReuse(capacity=4)
     reused, dead = (3, 0, 0), (0, 0, 0)
-    for _ in range(20):
-        policy.touches[reused] = policy.touches.get(reused, 1.0) + 1
-        policy.touches[dead] = policy.touches.get(dead, 1.0) + 1
-        policy._reused(reused, False, 5)
+    for now in range(20):
+        for cls in (reused, dead):
+            policy.current = cls
+            entry = Entry()
+            policy.assign(entry)
+            if cls == reused:
+                policy.reused(entry, now)
+                policy.reused(entry, now)  # a second hit of one touch is credited once
     assert policy.probability(reused) > 0.9 > 0.1 > policy.probability(dead)
 
 

@@ -8,7 +8,7 @@ import pytest
 from prefixcache.backends.hashchain.block_pool import BlockPool
 
 from prefixcache import CacheConfig, Request, eviction_policies, make_cache
-from prefixcache.eviction import BACKENDS_WITH_POLICIES, POLICIES
+from prefixcache.eviction import BACKENDS_WITH_POLICIES, POLICIES, make_policy, note_eviction
 from tests.helpers import checked, keyed, run_to_completion
 from tests.test_hashchain_block_pool import h
 
@@ -26,6 +26,7 @@ EXPECTED = {
     "priority": "BAC",  # every page is a prompt page of equal priority: LRU
     "slru": "BAC",  # B probationary (held once), then A, C protected by time
     "wlfu": "BCA",  # equal lengths: LFU
+    "gdsf": "BCA",  # no eviction before: inflation 0, LFU's order
 }
 
 
@@ -58,9 +59,16 @@ def test_each_policy_evicts_in_the_same_order_in_both_designs(backend: str, poli
 
 def test_every_policy_has_an_expected_order_and_both_backends_list_them_all() -> None:
     assert set(EXPECTED) == set(POLICIES)
+    assert eviction_policies("radix") == list(POLICIES)
+    assert eviction_policies("hashchain") == [*POLICIES, "lrp"]
     for backend in BACKENDS_WITH_POLICIES:
-        assert eviction_policies(backend) == list(POLICIES)
-        make_cache(backend, CacheConfig(64, PAGE), eviction_policy="SLRU")  # case-insensitive
+        for name in eviction_policies(backend):
+            make_cache(backend, CacheConfig(64, PAGE), eviction_policy=name.upper())  # any case
+
+
+def test_lrp_in_radix_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="by content: hashchain and the block model only"):
+        make_cache("radix", CacheConfig(64, PAGE), eviction_policy="lrp")
 
 
 def test_a_backend_without_policies_and_an_unknown_policy_are_clear_errors() -> None:
@@ -101,3 +109,47 @@ def test_evicting_a_block_in_the_middle_of_a_chain_counts_its_child_as_orphaned(
     pool.free_blocks(reversed(blocks))
     pool.check_invariants()  # block 2 (orphaned) and block 0 (now childless) are both leaves
     assert len(pool.ranked) == 2
+
+
+def test_hashchain_lrp_learns_from_the_ghost_of_evicted_blocks() -> None:
+    """A prompt evicted and then asked again: its lookup reaches the ghost, so it counts as
+    reuse of the class its blocks were freed under, and the request is classed as one the
+    cache would have hit in full."""
+    cache = checked("hashchain", 16 * PAGE, PAGE, eviction_policy="lrp")
+    learner = cache.cache.manager.learner
+    prompt = list(range(3 * PAGE + 1))
+    run_to_completion(cache, Request("first", prompt))
+    first_class = learner.current
+    assert first_class == (0, 0, 0)  # nothing seen: hit fraction 0, short prompt, no output
+    assert cache.evict(3 * PAGE) == 3 * PAGE
+    assert len(learner.ghost) == 3
+    reuses_before = learner.reuses.get(first_class, 0.5)
+    again = Request("again", prompt)
+    match = cache.lookup(again)
+    assert match.tokens == 0 and cache.allocate(again, again.num_tokens, match)
+    assert cache.cache.manager.seen_fraction["again"] == 1.0
+    assert learner.reuses[first_class] == reuses_before + 3 and not learner.ghost
+    again.num_computed_tokens = again.num_tokens
+    cache.commit(again)
+    cache.release(again)
+    assert learner.current == (3, 0, 0)  # classed as a request the cache would have hit in full
+    assert "again" not in cache.cache.manager.seen_fraction
+    blocks = [b for b in cache.cache.block_pool.blocks if b.block_hash is not None]
+    assert len(blocks) == 3 and all(b.reuse_class == (3, 0, 0) for b in blocks)
+
+
+def test_gdsf_ages_frequency_where_lfu_never_forgets() -> None:
+    """Keys are kept as computed: after an eviction at key 3, a new entry used once (key 1 + 3)
+    outranks an old entry used three times (key 3, computed before), where LFU keeps the old."""
+    from types import SimpleNamespace
+
+    gdsf, lfu = make_policy("gdsf"), make_policy("lfu")
+    old = SimpleNamespace(hit_count=3, last_access_time=1.0)
+    old_key = gdsf.priority(old)
+    assert old_key == (3, 1.0)
+    note_eviction(gdsf, (3, 0.5))  # evicted an entry keyed 3: the inflation is now 3
+    new = SimpleNamespace(hit_count=1, last_access_time=2.0)
+    assert gdsf.priority(new) == (4, 2.0) > old_key
+    assert lfu.priority(new) < lfu.priority(old)
+    note_eviction(gdsf, (1, 0.0))  # a smaller victim key never lowers the inflation
+    assert gdsf.priority(new) == (4, 2.0)

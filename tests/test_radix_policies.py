@@ -24,6 +24,7 @@ EXPECTED = {
     "priority": "CAB",  # (priority, time): C=0, then A before B by time
     "slru": "BAC",  # B probationary (1 < 2), then A and C protected, by time
     "wlfu": "BAC",  # ours: hit_count * len: A=6, B=4, C=6; A before C by time
+    "gdsf": "BCA",  # inflation 0 until the first eviction: LFU's order, keys kept as computed
 }
 LEAVES = {"A": [1, 1], "B": [2, 2, 2, 2], "C": [3, 3, 3]}
 PRIO = {"A": 1, "B": 1, "C": 0}

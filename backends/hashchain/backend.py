@@ -220,6 +220,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by {holders[b.block_id]}",
             )
         ensure(self.stats.evicted_tokens >= 0, "negative evicted_tokens")
+        ensure(set(self.manager.seen_fraction) <= live, "lrp keeps state for a request that is not live")
 
     def _sync_evictions(self) -> None:
         evicted = self.block_pool.num_evicted_blocks

@@ -29,6 +29,8 @@ class KVCacheBlock:
         "parent_epoch",
         "epoch",
         "num_cached_children",
+        "reuse_class",
+        "credited",
     )
 
     def __init__(self, block_id: int, is_null: bool = False, num_tokens: int = 0) -> None:
@@ -50,6 +52,8 @@ class KVCacheBlock:
         self.parent_epoch = 0  # the parent's epoch then: a re-cached parent is a stranger
         self.epoch = 0  # advances each time the block is cached
         self.num_cached_children = 0  # cached blocks whose live parent this is
+        self.reuse_class: tuple = ()  # lrp: the class of the request that last freed it
+        self.credited = False  # lrp: a hit since then was counted
 
     @property
     def block_hash(self) -> BlockHashWithGroupId | None:

@@ -47,7 +47,7 @@ class BlockPool:
             )
         self.num_gpu_blocks = num_gpu_blocks
         self.unhashed_first = unhashed_first
-        policy = make_policy(eviction_policy)  # validates the name
+        policy = make_policy(eviction_policy, capacity=num_gpu_blocks - 1)  # validates the name
         if eviction_policy.lower() != "lru" and not unhashed_first:
             raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
         self.eviction_policy = eviction_policy.lower()

@@ -8,8 +8,10 @@ can never hit again). Only when no free cached leaf is left (a sliding-window gr
 a parent while its child is in use) does the pool fall back to the free queue's head and
 orphan what that block's children were; ``num_orphaned_blocks`` counts them, as waste.
 
-Keys never go stale: every input of a key changes only while its block is out of the index
-(a hit takes it out of the free set; it comes back, restamped, when freed).
+A key's own inputs change only while its block is out of the index (a hit takes it out of the
+free set; it comes back, restamped, when freed), so the fixed policies' keys never go stale.
+lrp's keys also read what it has learned, which moves on; they stay as computed when the block
+was freed (re-ranking every free block would cost a scan), as in the block model.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ from __future__ import annotations
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from sortedcontainers import SortedList
 
-from prefixcache.eviction import EvictionPolicy
+from prefixcache.eviction import EvictionPolicy, LearnedReuse, keys_stay_fresh, note_eviction
 from prefixcache.interface import ensure
 
 
 class RankedEviction:
-    __slots__ = ("policy", "clock", "num_orphaned_blocks", "_index", "_entry")
+    __slots__ = ("policy", "learner", "clock", "num_orphaned_blocks", "_index", "_entry")
 
     def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
+        # lrp learns from hits, frees and evictions (the manager tells it about requests)
+        self.learner = policy if isinstance(policy, LearnedReuse) else None
         self.clock = 0  # logical time: one tick per pool operation
         self.num_orphaned_blocks = 0
         self._index: SortedList = SortedList()  # (key, -depth, block_id, block)
@@ -57,18 +61,24 @@ class RankedEviction:
     def hit(self, block: KVCacheBlock, now: int) -> None:
         """A new request takes cached ``block`` (before its ref_cnt rises)."""
         self._drop(block)
+        if self.learner is not None:
+            self.learner.reused(block, now)
         block.hit_count += 1
         block.last_access_time = now
 
     def freed(self, block: KVCacheBlock, now: int) -> None:
         """Cached ``block`` reached ref_cnt 0."""
         block.last_access_time = now
+        if self.learner is not None:
+            self.learner.assign(block)
         if block.num_cached_children == 0:
             self._add(block)
 
     def uncached(self, block: KVCacheBlock) -> None:
         """``block`` loses its hash (evicted, reused or reset): its parent may become a leaf."""
         self._drop(block)
+        if self.learner is not None and block.block_hash is not None:
+            self.learner.evicted(block, block.block_hash)
         self.num_orphaned_blocks += block.num_cached_children
         block.num_cached_children = 0
         block.epoch += 1  # orphans' links to it are dead now
@@ -84,6 +94,7 @@ class RankedEviction:
             return None
         entry = self._index.pop(0)
         del self._entry[entry[2]]
+        note_eviction(self.policy, entry[0])
         return entry[3]  # type: ignore[no-any-return]
 
     def clear(self) -> None:
@@ -123,5 +134,6 @@ class RankedEviction:
                 leaves.add(b.block_id)
         ensure(set(self._entry) == leaves, "ranked index != free cached leaf blocks")
         ensure(len(self._index) == len(self._entry), "ranked index and its sorted list disagree")
-        for key, _, block_id, block in self._index:
-            ensure(key == self.policy.priority(block), f"block {block_id}: stale eviction key")
+        if keys_stay_fresh(self.policy):  # lrp's and gdsf's are stale by design
+            for key, _, block_id, block in self._index:
+                ensure(key == self.policy.priority(block), f"block {block_id}: stale eviction key")

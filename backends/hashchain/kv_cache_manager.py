@@ -45,6 +45,10 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_gpu_blocks, unhashed_first, eviction_policy, block_size)
         self.hasher = BlockHasher(block_size, hash_fn)
         self.coordinator = make_kv_cache_coordinator(attention_groups, self.block_pool, block_size)
+        ranked = self.block_pool.ranked
+        self.learner = ranked.learner if ranked is not None else None
+        # lrp: each admitted request's hit fraction as the ghost saw it, until it is freed
+        self.seen_fraction: dict[str, float] = {}
 
     # ---------------------------------------------------------------- read path
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
@@ -100,12 +104,22 @@ class KVCacheManager:
         if needed > self.block_pool.get_num_free_blocks():
             return None
         coordinator.remove_skipped_blocks(request_id, num_computed_tokens)
+        if not running and self.learner is not None:
+            self._begin_learning(request, sum(1 for b in hits[0] if not b.is_null))
         if not running:
             coordinator.save_new_computed_blocks(request_id, hits, num_computed_tokens)
         new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
         # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token).
         self.cache_blocks(request, num_tokens)
         return new_blocks
+
+    def _begin_learning(self, request: Request, num_hit_blocks: int) -> None:
+        """lrp: the request's lookup (group 0's keys within the hit cap) against the ghost."""
+        assert self.learner is not None and self.block_pool.ranked is not None
+        keys = self.hasher.request_hashes(request).keys(0)
+        lookup = keys[: max_cache_hit_length(request) // self.block_size]
+        now = self.block_pool.ranked.tick()
+        self.seen_fraction[request.request_id] = self.learner.begin(lookup, num_hit_blocks, now)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
@@ -120,6 +134,9 @@ class KVCacheManager:
         Reversed, the partial tail is reused first and the chain's deepest block is evicted
         first, so the shared start of a prefix survives longest.
         """
+        if self.learner is not None:
+            seen = self.seen_fraction.pop(request.request_id, 0.0)
+            self.learner.classify(seen, request.num_prompt_tokens, request.num_output_tokens)
         self.coordinator.free(request.request_id, reverse=self.free_order == "reverse")
 
     # ---------------------------------------------------------------- queries
