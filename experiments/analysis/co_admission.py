@@ -31,11 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         for path in sorted((a.results / "scheduling").glob(f"{source}-radix-*-lpm-*/config.json")):
             config = json.loads(path.read_text())
             for budget in (config["token_budget"], a.budget):
-                records = Engine(build_cache(config), make_scheduler("lpm"), budget).run(make_requests(config))
+                engine = Engine(build_cache(config), make_scheduler("lpm"), budget)
+                records = engine.run(make_requests(config))
                 rate = sum(r.hit_tokens for r in records) / sum(r.prompt_tokens for r in records)
                 rates.setdefault((source, config["capacity_name"], budget), []).append(rate)
     if not rates:
-        raise SystemExit(f"no radix LPM scheduling cells under {a.results / 'scheduling'}: run make reproduce")
+        folder = a.results / "scheduling"
+        raise SystemExit(f"no radix LPM scheduling cells under {folder}: run make reproduce")
     for (source, capacity, budget), values in sorted(rates.items()):
         print(f"{source:18s} {capacity:6s} budget {budget:5d}: hit rate {statistics.mean(values):.3f} "
               f"over {len(values)} seeds")
