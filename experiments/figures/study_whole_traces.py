@@ -14,8 +14,9 @@ ones (larger than the cache) counted apart.
   every block one page, time = request index), our online ``lrp`` and the offline
   ``reuse-oracle`` (knows whether a block is reused, not when).
 - backend rows (``--scale full`` only: one whole-trace replay takes minutes on 2 cores): both
-  complete traces replayed request by request through hashchain (B=16, LRU) and radix (page 1
-  and 16; LRU, LFU, SLRU, FIFO, priority), convention C2 (what the backends do).
+  complete traces replayed request by request through hashchain (B=16; LRU, lrp, gdsf) and
+  radix (page 1: LRU; page 16: LRU, LFU, SLRU, FIFO, priority, gdsf), convention C2 (what the
+  backends do). Replay mode emits no output, so lrp's output-length feature is always zero here.
 
 Mooncake's trace hashes 512-token blocks, so it cannot tell the designs apart below 512 tokens.
 """
@@ -53,8 +54,8 @@ BLOCK_POLICIES = {"lru": bounds.lru_hits, "belady": bounds.belady_hits}
 # Block-model eviction policies beyond LRU and Belady, at the capacities eviction is judged at.
 MODEL_POLICIES = [p for p in POLICIES if p != "lru"] + list(eviction_model.MODEL_POLICIES)
 POLICY_CAPACITIES = CAPACITIES[:5]
-BACKENDS = [("hashchain", 16, ["lru"]), ("radix", 1, ["lru"]),
-            ("radix", 16, ["lru", "lfu", "slru", "fifo", "priority"])]
+BACKENDS = [("hashchain", 16, ["lru", "lrp", "gdsf"]), ("radix", 1, ["lru"]),
+            ("radix", 16, ["lru", "lfu", "slru", "fifo", "priority", "gdsf"])]
 SCALE = {
     # tiny: the test suite's, every kind of row on a few requests
     "tiny": dict(limit=100, backends=True, capacities=[1_000_000, 3_000_000, 50_000_000],
@@ -127,7 +128,8 @@ def backend_configs(limit: int | None, capacities: list[int]) -> list[dict[str, 
     for trace, source in TRACES.items():
         for backend, page, policies in BACKENDS:
             for policy in policies:
-                options = {"eviction_policy": policy} if backend == "radix" else {}
+                # hashchain's lru is vLLM's default: no option, so its cells keep their names
+                options = {} if (backend, policy) == ("hashchain", "lru") else {"eviction_policy": policy}
                 for cap in capacities:
                     out.append(cell_config(STUDY, source=source, backend=backend, page_size=page,
                                            capacity_tokens=cap, mode="replay", options=options,
