@@ -95,9 +95,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "hashchain: the free queue walked on every allocation (O(cache size))": (
         "backends/hashchain/block_pool.py",
-        "        blocks = self.free_block_queue.popleft_n(num_blocks)\n",
-        "        self.free_block_queue.get_all_free_blocks()\n"
-        "        blocks = self.free_block_queue.popleft_n(num_blocks)\n",
+        "            blocks = self.free_block_queue.popleft_n(num_blocks)\n",
+        "            self.free_block_queue.get_all_free_blocks()\n"
+        "            blocks = self.free_block_queue.popleft_n(num_blocks)\n",
     ),
     "hashchain: a decode stretch reaches the token that fills a block": (
         "backends/hashchain/kv_cache_coordinator.py",
@@ -116,8 +116,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "hashchain: a ranked eviction policy may evict a block in use": (
         "backends/hashchain/eviction.py",
-        "        self._drop(block)\n        block.hit_count += 1",
-        "        block.hit_count += 1",
+        "        self._drop(block)\n        if self.learner is not None:\n            self.learner.reused(",
+        "        if self.learner is not None:\n            self.learner.reused(",
     ),
     "radix: an eviction policy may evict a locked leaf": (
         "backends/radix/radix_cache.py",
@@ -145,6 +145,12 @@ def main() -> int:
         source = path.read_text()
         if original not in source:
             print(f"{name}: ORIGINAL TEXT NOT FOUND in {rel}; update the mutant")
+            survivors.append(name)
+            continue
+        try:
+            compile(source.replace(original, mutated), rel, "exec")
+        except SyntaxError as e:  # a mutant that cannot even import would be "caught" for nothing
+            print(f"{name}: THE MUTATED SOURCE DOES NOT PARSE ({e}); update the mutant")
             survivors.append(name)
             continue
         try:

@@ -13,13 +13,17 @@ from prefixcache.experiments.figures.study_whole_traces import FULL, find_rate, 
 
 CAPACITIES = (3_000_000, 50_000_000)
 ROWS = [("block-model", 512, "lru"), ("block-model", 512, "belady"), ("hashchain", 16, "lru"),
-        ("radix", 1, "lru"), ("radix", 16, "lru"), ("radix", 16, "lfu"), ("radix", 16, "slru"),
-        ("radix", 16, "fifo"), ("radix", 16, "priority")]
+        ("hashchain", 16, "lrp"), ("hashchain", 16, "gdsf"), ("radix", 1, "lru"), ("radix", 16, "lru"),
+        ("radix", 16, "lfu"), ("radix", 16, "slru"), ("radix", 16, "fifo"), ("radix", 16, "priority"),
+        ("radix", 16, "gdsf")]
 
 
 # macro -> (trace, backend, page size, policy), token hit rate at 3M tokens, for the prose
 MACROS = {
     "wtConvHashLru": ("conversation", "hashchain", 16, "lru"),
+    "wtConvHashLrp": ("conversation", "hashchain", 16, "lrp"),
+    "wtSynHashLru": ("synthetic", "hashchain", 16, "lru"),
+    "wtSynHashLrp": ("synthetic", "hashchain", 16, "lrp"),
     "wtConvRadixLru": ("conversation", "radix", 16, "lru"),
     "wtConvRadixLfu": ("conversation", "radix", 16, "lfu"),
     "wtConvRadixSlru": ("conversation", "radix", 16, "slru"),
@@ -49,7 +53,8 @@ def make(results: Path, paper: Path) -> list[Path]:
                  for cap in CAPACITIES]
         cells = [c if c == "--" else f"{c}\\%" for c in cells]
         name = "block model" if backend == "block-model" else f"{backend}, $B={page}$"
-        rows.append([name, "Belady (offline)" if policy == "belady" else policy.upper(), *cells])
+        label = {"belady": "Belady (offline)", "lrp": "lrp (ours)"}.get(policy, policy.upper())
+        rows.append([name, label, *cells])
     header = ["Cache", "Policy", "conv.\\ 3M", "conv.\\ 50M", "syn.\\ 3M", "syn.\\ 50M"]
     caption = ("Token hit rate (C2) over the whole Mooncake traces, replayed request by request "
                "(\\texttt{--scale full}, committed; \\texttt{make whole-traces-full}).")
