@@ -1,7 +1,8 @@
 """Figure and table: every eviction policy on the whole Mooncake traces (block model, C2), as
 the fraction of the LRU -> Belady gap it closes, with our online ``lrp`` and the offline
 reuse oracle. Reads ``results/whole_traces/{hit_rates,policy_halves}.csv``; writes
-``figures/policies``, ``generated/policies.tex`` (table) and ``generated/policies_values.tex``."""
+``figures/policies``, ``generated/policies.tex`` (table) and ``generated/policies_values.tex``;
+the policies' costs come from ``results/bench/eviction.csv`` (committed; ``make bench``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,19 @@ def half_rates(results: Path, half: str) -> pd.DataFrame:
     df = pd.read_csv(results / STUDY / "policy_halves.csv")
     df = df[df["half"] == half]
     return df.pivot_table(index=["trace", "capacity_tokens"], columns="policy", values="token_hit_rate")
+
+
+def cost_values(bench: Path) -> dict[str, str]:
+    """Cost per evicted page against each backend's LRU (``make bench``), "--" without it."""
+    names = ("polCostLrp", "polCostRankedMax", "polCostRadixMax")
+    if not bench.exists():
+        return dict.fromkeys(names, "--")
+    df = pd.read_csv(bench)
+    hashchain = df[df["backend"] == "hashchain"].set_index("policy")["ratio_to_lru"]
+    fixed = hashchain.drop(["lru", "lrp"], errors="ignore")
+    radix = df[df["backend"] == "radix"]["ratio_to_lru"]
+    ratios = (f"{hashchain['lrp']:.1f}", f"{fixed.max():.1f}", f"{radix.max():.2f}")
+    return dict(zip(names, ratios, strict=True))
 
 
 def make(results: Path, paper: Path) -> list[Path]:
@@ -96,6 +110,7 @@ def make(results: Path, paper: Path) -> list[Path]:
         "polOracleSynOneM": percent(oracle.loc[("synthetic", 1_000_000)]),
         "polOracleConvOneM": percent(oracle.loc[("conversation", 1_000_000)]),
     }
+    values.update(cost_values(results / "bench" / "eviction.csv"))
     out.append(write_macros(paper, "policies_values", values))
     return out
 
