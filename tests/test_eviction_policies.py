@@ -153,3 +153,14 @@ def test_gdsf_ages_frequency_where_lfu_never_forgets() -> None:
     assert lfu.priority(new) < lfu.priority(old)
     note_eviction(gdsf, (1, 0.0))  # a smaller victim key never lowers the inflation
     assert gdsf.priority(new) == (4, 2.0)
+
+
+def test_a_ranked_pool_hands_out_unhashed_free_blocks_before_evicting() -> None:
+    pool = BlockPool(8, eviction_policy="lfu", block_size=PAGE)
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(keyed([h(0), h(1)], 0), blocks, 0, 2)
+    pool.free_blocks(reversed(blocks))  # 2 cached free blocks, 5 unhashed free ones
+    taken = pool.get_new_blocks(5)
+    assert all(b.block_hash is None for b in taken) and pool.num_evicted_blocks == 0
+    assert pool.get_new_blocks(1) == [blocks[1]] and pool.num_evicted_blocks == 1  # then the leaf
+    pool.check_invariants()

@@ -48,10 +48,10 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.unhashed_first = unhashed_first
         policy = make_policy(eviction_policy, capacity=num_gpu_blocks - 1)  # validates the name
-        if eviction_policy.lower() != "lru" and not unhashed_first:
+        ranked = eviction_policy.lower() != "lru"
+        if ranked and not unhashed_first:
             raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
-        self.eviction_policy = eviction_policy.lower()
-        self.ranked = RankedEviction(policy) if self.eviction_policy != "lru" else None
+        self.ranked = RankedEviction(policy) if ranked else None
         self.blocks = [KVCacheBlock(i, num_tokens=block_size) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
@@ -214,17 +214,20 @@ class BlockPool:
         for block_id in ids:
             block = self.blocks[block_id]
             if block.block_hash is not None and block.ref_cnt == 0 and not block.is_null:
-                self.num_cached_free_blocks -= 1
-                self._to_unhashed_head(block)
-            dropped += self._maybe_evict_cached_block(block)
+                dropped += self._uncache_free_block(block)
+            else:
+                dropped += self._maybe_evict_cached_block(block)
         return dropped
 
-    def _to_unhashed_head(self, block: KVCacheBlock) -> None:
-        """Ranked policies take unhashed free blocks from the queue's head: a free block about
-        to lose its hash moves there (vLLM's one LRU queue leaves it in place)."""
+    def _uncache_free_block(self, block: KVCacheBlock) -> bool:
+        """A free cached block loses its hash and stays free. Ranked policies take unhashed
+        free blocks from the queue's head, so there it moves to the head (vLLM's one LRU queue
+        leaves it in place)."""
+        self.num_cached_free_blocks -= 1
         if self.ranked is not None:
             self.free_block_queue.remove(block)
             self.free_block_queue.prepend_n((block,))
+        return self._maybe_evict_cached_block(block)
 
     def evict_lru_blocks(self, num_blocks: int) -> int:
         """Ours (vLLM evicts only lazily): drop the hashes of up to ``num_blocks`` cached
@@ -250,9 +253,7 @@ class BlockPool:
             victim = self.ranked.pop_victim()
             if victim is None:
                 break  # every free cached block left is a parent whose child is in use
-            self.num_cached_free_blocks -= 1
-            self._to_unhashed_head(victim)
-            dropped += self._maybe_evict_cached_block(victim)
+            dropped += self._uncache_free_block(victim)
         return dropped
 
     def reset_prefix_cache(self) -> bool:

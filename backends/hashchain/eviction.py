@@ -97,10 +97,6 @@ class RankedEviction:
         note_eviction(self.policy, entry[0])
         return entry[3]  # type: ignore[no-any-return]
 
-    def clear(self) -> None:
-        self._index.clear()
-        self._entry.clear()
-
     # ---------------------------------------------------------------- index
     def _add(self, block: KVCacheBlock) -> None:
         entry = (self.policy.priority(block), -block.depth, block.block_id, block)

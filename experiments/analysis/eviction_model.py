@@ -40,7 +40,7 @@ class _Block:
         self.key, self.parent, self.depth = key, parent, depth
         self.num_children = 0
         self.last_access_time = self.creation_time = now
-        self.hit_count, self.priority, self.num_tokens = 0, 0, page
+        self.hit_count, self.priority, self.num_tokens = 1, 0, page  # its inserting request holds it
         self.reuse_class: tuple = ()
         self.credited = False
 
@@ -86,7 +86,7 @@ def policy_hits(
     learner = pol if isinstance(pol, LearnedReuse) else None
     oracle = pol if isinstance(pol, ReuseOracle) else None
     cache: dict[int, _Block] = {}
-    heap: list[tuple[Any, int, int, _Block]] = []  # (key, -depth, version, block): stale ones skipped
+    heap: list[tuple[Any, int, int, _Block]] = []  # (key, -depth, serial, block): stale ones skipped
     serial = 0
 
     def push(block: _Block) -> None:
@@ -113,7 +113,6 @@ def policy_hits(
                 cache[key] = block
                 if parent is not None:
                     parent.num_children += 1
-                block.hit_count = 1
             else:
                 if learner is not None and depth < hit:
                     learner.reused(block, r)
