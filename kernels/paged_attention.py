@@ -31,6 +31,24 @@ How the work is split (the layout of vLLM's ``triton_unified_attention``):
 * it walks the KV positions in tiles of ``BLOCK_N``, looking each token's page up in the page
   table (a gather: this works for any page size, 1 included), and keeps an online softmax in
   fp32 (FlashAttention-2: running max ``m``, running sum ``l``, rescaled accumulator).
+
+Split-KV decode (flash-decoding): a decode batch has one query token per sequence, so the grid
+above is only ``batch x Hkv`` programs; at batch 1 that leaves most of a GPU idle while one
+program streams a long context. With ``num_kv_splits = S > 1`` each program also takes one of
+``S`` contiguous KV ranges (tile-aligned, so a split holds whole tiles of the unsplit walk),
+writes its partial output and log-sum-exp, and a second kernel combines the ``S`` partials::
+
+    out = sum_s 2^(lse_s - M) * o_s / sum_s 2^(lse_s - M)        M = max_s lse_s  (base 2)
+
+``choose_num_kv_splits`` picks ``S`` from the batch, the context and the device's SM count.
+
+Batch invariance: with ``batch_invariant=True`` the tile shape is fixed (the largest ``BLOCK_Q``,
+whatever the longest query), query blocks start at multiples of ``BLOCK_Q`` in absolute
+position (so a query sits in the same row of the same tile however its prompt was chunked: a
+matmul's rounding may depend on the row, numpy's BLAS under the interpreter does) and KV is
+never split. The floating-point operations that make one query's output then depend only on
+its position and the KV: the same whether its prefix came from the cache (decode/extend) or was
+recomputed with it in one prefill.
 """
 
 from __future__ import annotations
@@ -51,6 +69,14 @@ BLOCK_M_TARGET = 64
 BLOCK_N = 64
 # tl.dot needs every dimension >= 16 on the GPU.
 MIN_DOT = 16
+# Split-KV: at most this many splits, each at least this many tiles of BLOCK_N positions (a
+# shorter split spends more on its partial write and the combine than it saves), and enough
+# programs to give every SM this many.
+MAX_KV_SPLITS = 32
+MIN_TILES_PER_SPLIT = 4
+PROGRAMS_PER_SM = 2
+# split_len of an unsplit launch: longer than any sequence, so the one range is [0, kv_end).
+UNSPLIT_LEN = 1 << 30
 
 
 # %%
@@ -63,7 +89,8 @@ def _paged_attention_kernel(
     Q,  # [T, Hq, D]
     K_CACHE,  # [num_pages, PAGE_SIZE, Hkv, D]
     V_CACHE,  # [num_pages, PAGE_SIZE, Hkv, D]
-    OUT,  # [T, Hq, D]
+    OUT,  # [T, Hq, D]; with SPLIT: fp32 [T, Hq, S, D], each split's normalised partial output
+    LSE,  # with SPLIT: fp32 [T, Hq, S], each split's log2-sum-exp2 (-inf: the split saw nothing)
     PAGE_TABLE,  # int32 [B, max_pages]
     CU_SEQLENS_Q,  # int32 [B + 1]
     SEQ_LENS,  # int32 [B]
@@ -78,7 +105,13 @@ def _paged_attention_kernel(
     stride_vh,
     stride_ot,
     stride_oh,
+    stride_os,  # OUT's split stride (SPLIT only)
+    stride_lt,
+    stride_lh,
     stride_pb,
+    num_splits,  # S: program_id(0) is q_block * S + split
+    split_len,  # KV positions per split, a multiple of BLOCK_N
+
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two (tile shapes must be)
     HEAD_DIM: tl.constexpr,
@@ -87,25 +120,34 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per program
     BLOCK_N: tl.constexpr,  # KV positions per tile
     DOT_FP32: tl.constexpr,  # upcast operands to fp32 before tl.dot (fp32 inputs, interpreter)
+    SPLIT: tl.constexpr,  # write partials for the combine kernel instead of the output
+    ALIGN_Q: tl.constexpr,  # align query blocks to absolute positions (batch invariance)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
-    q_block = tl.program_id(0)
+    q_block = tl.program_id(0) // num_splits
+    split = tl.program_id(0) % num_splits
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
 
     q_start = tl.load(CU_SEQLENS_Q + seq)
     q_len = tl.load(CU_SEQLENS_Q + seq + 1) - q_start
-    if q_block * BLOCK_Q >= q_len:  # the grid is sized for the longest query of the batch
-        return
     seq_len = tl.load(SEQ_LENS + seq)
     prefix_len = seq_len - q_len  # KV positions [0, prefix_len) were cached before this step
+    # ALIGN_Q: query blocks start at multiples of BLOCK_Q in absolute position, so a position
+    # sits in the same row of the same tile however the prompt was chunked (a matmul's rounding
+    # may depend on the row); the first block then begins with `shift` empty rows.
+    shift = prefix_len % BLOCK_Q if ALIGN_Q else 0
+    first = q_block * BLOCK_Q - shift  # this block's first token index within the new tokens
+    if first >= q_len:  # the grid is sized for the longest query of the batch
+        return
 
     # Row r of the tile is query token (r // GROUP_PAD) of this block, head (r % GROUP_PAD) of
-    # the group. Padding rows (past q_len, or head >= GROUP) compute garbage that is never stored.
+    # the group. Padding rows (outside [0, q_len), or head >= GROUP) compute garbage that is
+    # never stored.
     rows = tl.arange(0, BLOCK_M)
-    tok = q_block * BLOCK_Q + rows // GROUP_PAD  # [BLOCK_M] token index within the sequence
+    tok = first + rows // GROUP_PAD  # [BLOCK_M] token index within the sequence's new tokens
     head = kv_head * GROUP + rows % GROUP_PAD  # [BLOCK_M] query head
-    row_ok = (tok < q_len) & (rows % GROUP_PAD < GROUP)
+    row_ok = (tok >= 0) & (tok < q_len) & (rows % GROUP_PAD < GROUP)
     q_pos = prefix_len + tok  # [BLOCK_M] absolute position: sees KV positions <= q_pos
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
@@ -119,11 +161,14 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(logit - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running sum of p @ v
 
-    # The last query of this block sees positions < kv_end; nothing after it is read.
-    kv_end = tl.minimum(seq_len, prefix_len + (q_block + 1) * BLOCK_Q)
-    for start in range(0, kv_end, BLOCK_N):
+    # The last query of this block sees positions < kv_end; nothing after it is read. A split
+    # walks its own range [kv_lo, kv_hi) of it, in the unsplit walk's tiles.
+    kv_end = tl.minimum(seq_len, prefix_len + first + BLOCK_Q)
+    kv_lo = split * split_len
+    kv_hi = tl.minimum(kv_end, kv_lo + split_len)
+    for start in range(kv_lo, kv_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] KV positions of this tile
-        n_ok = n < kv_end
+        n_ok = n < kv_hi
         # Gather: each position's page id, then its slot. int64: a layer's pool can pass 2**31.
         page = tl.load(PAGE_TABLE + seq * stride_pb + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
         slot = n % PAGE_SIZE
@@ -141,9 +186,12 @@ def _paged_attention_kernel(
             qk = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # [BLOCK_M, BLOCK_N]
         else:
             qk = tl.dot(q, tl.trans(k))
-        # End-aligned causal mask. A large finite negative rather than -inf: a padding row may
-        # see no position at all, and exp2(-inf - -inf) would be NaN. Every real row sees
-        # position 0 in the first tile, so its max is finite from then on.
+        # End-aligned causal mask. A large finite negative rather than -inf: a row may see no
+        # position at all (padding rows; in a split, queries before the split's range), and
+        # exp2(-inf - -inf) would be NaN. What a row sees is a prefix of the walk, so once it
+        # sees a position its max is finite and earlier all-masked garbage is rescaled by
+        # exp2(-1e30 - m) = 0; a split row that saw nothing ends with max -1e30, which gives it
+        # weight 0 in the combine (split 0 holds position 0, which every query sees).
         visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
         qk = tl.where(visible, qk * scale_log2e, -1.0e30)
 
@@ -157,9 +205,52 @@ def _paged_attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    out = acc / l_i[:, None]
     o_ptrs = OUT + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if SPLIT:
+        # A split with no tile for this block (its range starts past the block's last query or
+        # the sequence) leaves l = 0: partial 0 with weight 2^-inf = 0 in the combine.
+        seen = l_i > 0.0
+        out = acc / tl.where(seen, l_i, 1.0)[:, None]
+        lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(o_ptrs + split * stride_os, out, mask=row_ok[:, None] & d_ok[None, :])
+        l_ptrs = LSE + (q_start + tok) * stride_lt + head * stride_lh + split
+        tl.store(l_ptrs, lse, mask=row_ok)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _combine_splits_kernel(
+    PARTIAL,  # fp32 [T, Hq, S, D]
+    LSE,  # fp32 [T, Hq, S]
+    OUT,  # [T, Hq, D]
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_lt,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # num_splits rounded up to a power of two
+):
+    """One program per (token, query head): the softmax-weighted mean of the splits' partials."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < num_splits
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    lse = tl.load(LSE + t * stride_lt + h * stride_lh + s, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
+    # Split 0 holds position 0, which every query sees: the max is finite.
+    w = tl.math.exp2(lse - tl.max(lse, 0))  # [BLOCK_S]; 0 for empty and padding splits
+    p_ptrs = PARTIAL + t * stride_pt + h * stride_ph + s[:, None] * stride_ps + d[None, :]
+    partial = tl.load(p_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    out = tl.sum(partial * w[:, None], 0) / tl.sum(w, 0)  # [BLOCK_D]
+    tl.store(OUT + t * stride_ot + h * stride_oh + d, out.to(OUT.dtype.element_ty), mask=d_ok)
 
 
 # %%
@@ -248,6 +339,34 @@ def check_lengths(
     return int(q_lens.max()) if len(q_lens) else 0
 
 
+def choose_num_kv_splits(
+    batch: int, num_kv_heads: int, max_q_len: int, max_seq_len: int, num_sms: int
+) -> int:
+    """How many KV splits a launch should use (flash-decoding's heuristic, ours in detail).
+
+    Only decode batches (one new token per sequence) split: extend and prefill have a program
+    per block of query tokens already. A decode batch has ``batch * num_kv_heads`` programs;
+    splitting multiplies that until every SM has ``PROGRAMS_PER_SM`` of them, as long as each
+    split keeps ``MIN_TILES_PER_SPLIT`` tiles and there are at most ``MAX_KV_SPLITS``.
+    """
+    for name, value in (("batch", batch), ("num_kv_heads", num_kv_heads), ("num_sms", num_sms)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if max_q_len != 1 or max_seq_len <= 0:
+        return 1
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, batch * num_kv_heads)
+    longest = triton.cdiv(max_seq_len, BLOCK_N * MIN_TILES_PER_SPLIT)
+    return max(1, min(wanted, longest, MAX_KV_SPLITS))
+
+
+def _num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device; 1 elsewhere (the interpreter runs programs one after another, so
+    splitting there only adds work)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -258,6 +377,9 @@ def paged_attention(
     scale: float | None = None,
     *,
     max_q_len: int | None = None,
+    max_seq_len: int | None = None,
+    num_kv_splits: int | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Causal (end-aligned) attention of the packed new tokens ``q`` over the paged KV cache.
 
@@ -270,11 +392,21 @@ def paged_attention(
     max_q_len:    the longest q_len of the batch. If the caller knows it (an engine, a
                   benchmark) the launch needs no device sync; if not, it is read back from
                   ``cu_seqlens_q`` and the lengths are checked against each other.
+    max_seq_len:  the longest seq_len, for the split heuristic (read back when it needs it and
+                  it is not given).
+    num_kv_splits: KV splits per sequence (flash-decoding); None: ``choose_num_kv_splits``;
+                  1: no split. Any value is exact up to rounding (tests check 1..MAX_KV_SPLITS).
+    batch_invariant: fix the reduction order of every query whatever the batch around it
+                  (one tile shape, no split); ``num_kv_splits`` must then be None or 1.
     returns:      [T, Hq, D] in q's dtype
     """
     check_layout(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens)
     if max_q_len is None:
         max_q_len = check_lengths(q, k_cache, page_table, cu_seqlens_q, seq_lens)
+    if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_KV_SPLITS:
+        raise ValueError(f"num_kv_splits must be in [1, {MAX_KV_SPLITS}], got {num_kv_splits}")
+    if batch_invariant and num_kv_splits not in (None, 1):
+        raise ValueError(f"batch_invariant attention never splits KV, got num_kv_splits={num_kv_splits}")
     num_tokens, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     batch = page_table.shape[0]
@@ -286,23 +418,53 @@ def paged_attention(
     group = num_q_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     # Query tokens per program: fill BLOCK_M_TARGET rows with the group's heads, at least
-    # MIN_DOT rows for tl.dot, no more tokens than the longest query (decode: 1 token).
+    # MIN_DOT rows for tl.dot, no more tokens than the longest query (decode: 1 token) unless
+    # the tile shape must not depend on the batch.
     block_q = max(1, BLOCK_M_TARGET // group_pad)
-    block_q = min(block_q, triton.next_power_of_2(max_q_len))
+    if not batch_invariant:
+        block_q = min(block_q, triton.next_power_of_2(max_q_len))
     block_q = max(block_q, MIN_DOT // group_pad, 1)
     interpreting = _interpreting() or q.device.type == "cpu"
     # The interpreter's bf16/fp16 tl.dot is wrong, and fp32 on the GPU would use TF32 by default.
     dot_fp32 = interpreting or q.dtype == torch.float32
 
-    grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, batch)
+    if batch_invariant:
+        num_kv_splits = 1
+    elif num_kv_splits is None:
+        if max_q_len == 1 and max_seq_len is None:
+            max_seq_len = int(seq_lens.max())
+        num_kv_splits = choose_num_kv_splits(
+            batch, num_kv_heads, max_q_len, max_seq_len or 0, _num_sms(q.device)
+        )
+    split = num_kv_splits > 1
+    if split:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max())
+        # Tile-aligned ranges: a split is whole tiles of the unsplit walk.
+        split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_kv_splits), BLOCK_N) * BLOCK_N
+        partial = torch.empty(num_tokens, num_q_heads, num_kv_splits, head_dim, dtype=torch.float32,
+                              device=q.device)  # [T, Hq, S, D]
+        lse = torch.empty(num_tokens, num_q_heads, num_kv_splits, dtype=torch.float32,
+                          device=q.device)  # [T, Hq, S]
+        target, lse_strides = partial, (lse.stride(0), lse.stride(1))
+    else:
+        split_len = UNSPLIT_LEN
+        lse = out  # unused without SPLIT
+        target, lse_strides = out, (0, 0)
+
+    # Aligned blocks may start up to block_q - 1 rows before a sequence's first new token.
+    q_blocks = triton.cdiv(max_q_len + (block_q - 1 if batch_invariant else 0), block_q)
+    grid = (q_blocks * num_kv_splits, num_kv_heads, batch)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens,
+        q, k_cache, v_cache, target, lse, page_table, cu_seqlens_q, seq_lens,
         scale * math.log2(math.e),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1),
+        target.stride(0), target.stride(1), target.stride(2) if split else 0,
+        *lse_strides,
         page_table.stride(0),
+        num_kv_splits, split_len,
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
@@ -311,10 +473,36 @@ def paged_attention(
         BLOCK_Q=block_q,
         BLOCK_N=BLOCK_N,
         DOT_FP32=dot_fp32,
+        SPLIT=split,
+        ALIGN_Q=batch_invariant,
         num_warps=4,
         num_stages=2,
     )  # fmt: skip
+    if split:
+        combine_splits(partial, lse, out)
     return out
+
+
+def combine_splits(partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+    """Write into ``out`` [T, Hq, D] the combination of the splits' partial outputs
+    ``partial`` fp32 [T, Hq, S, D] with log2-sum-exp2 weights ``lse`` fp32 [T, Hq, S]."""
+    num_tokens, num_q_heads, num_splits, head_dim = partial.shape
+    assert lse.shape == partial.shape[:3], f"lse {tuple(lse.shape)} != {tuple(partial.shape[:3])}"
+    assert out.shape == (num_tokens, num_q_heads, head_dim), (
+        f"out {tuple(out.shape)} != {(num_tokens, num_q_heads, head_dim)}"
+    )
+    assert partial.stride(-1) == 1 and lse.stride(-1) == 1 and out.stride(-1) == 1
+    _combine_splits_kernel[(num_tokens, num_q_heads)](
+        partial, lse, out,
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1),
+        num_splits,
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(triton.next_power_of_2(head_dim), MIN_DOT),
+        BLOCK_S=max(triton.next_power_of_2(num_splits), 2),
+        num_warps=4,
+    )  # fmt: skip
 
 
 # %%

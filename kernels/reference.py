@@ -29,7 +29,12 @@ def paged_attention_reference(
     seq_lens: torch.Tensor,
     scale: float | None = None,
     *,
-    max_q_len: int | None = None,  # accepted for signature parity; the reference does not need it
+    # Accepted for signature parity with ``paged_attention``; the reference needs none of them
+    # (it has no tiles to split or to align).
+    max_q_len: int | None = None,
+    max_seq_len: int | None = None,
+    num_kv_splits: int | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Same inputs and output as ``paged_attention`` (see there), one sequence at a time."""
     num_tokens, num_q_heads, head_dim = q.shape  # q: [T, Hq, D]

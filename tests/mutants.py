@@ -1,8 +1,9 @@
 """Break one behaviour at a time and check that the property suites notice (``make mutants``).
 
-Each mutant is a literal text substitution in one backend file. For each, the property-based
-suites run in the ``ci`` profile; a mutant that leaves them green is a hole in the proof. The
-source is restored afterwards whatever happens.
+Each mutant is a literal text substitution in one backend (or kernel) file. For each, the
+property-based suites (the kernel's tests, for a kernel mutant) run in the ``ci`` profile; a
+mutant that leaves them green is a hole in the proof. The source is restored afterwards
+whatever happens.
 """
 
 from __future__ import annotations
@@ -129,12 +130,29 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "return None if req.namespace == (None, None) else req.namespace",
         "return None if req.lora_name is None else req.lora_name",
     ),
+    "kernel: the combine averages the splits instead of weighting them by log-sum-exp": (
+        "kernels/paged_attention.py",
+        "w = tl.math.exp2(lse - tl.max(lse, 0))",
+        'w = tl.where(lse > float("-inf"), 1.0, 0.0)',
+    ),
+    "kernel: a split's range ends one tile early": (
+        "kernels/paged_attention.py",
+        "kv_hi = tl.minimum(kv_end, kv_lo + split_len)",
+        "kv_hi = tl.minimum(kv_end, kv_lo + split_len - BLOCK_N)",
+    ),
+    "kernel: batch-invariant query blocks not aligned to absolute positions": (
+        "kernels/paged_attention.py",
+        "shift = prefix_len % BLOCK_Q if ALIGN_Q else 0",
+        "shift = 0",
+    ),
 }
+# A mutant of these files runs these suites instead of SUITES (the kernel's own tests).
+SUITES_BY_FILE = {"kernels/paged_attention.py": ["tests/test_kernel.py"]}
 
 
-def run_suites() -> bool:
-    env = dict(os.environ, HYPOTHESIS_PROFILE="ci")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *SUITES]
+def run_suites(suites: list[str]) -> bool:
+    env = dict(os.environ, HYPOTHESIS_PROFILE="ci", TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *suites]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True).returncode == 0
 
 
@@ -155,7 +173,7 @@ def main() -> int:
             continue
         try:
             path.write_text(source.replace(original, mutated))
-            caught = not run_suites()
+            caught = not run_suites(SUITES_BY_FILE.get(rel, SUITES))
         finally:
             path.write_text(source)
         print(f"{'caught  ' if caught else 'SURVIVED'}  {name}")

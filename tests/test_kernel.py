@@ -10,7 +10,15 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from prefixcache.kernels.paged_attention import paged_attention, store_kv
+from prefixcache.kernels.paged_attention import (
+    BLOCK_N,
+    MAX_KV_SPLITS,
+    MIN_TILES_PER_SPLIT,
+    choose_num_kv_splits,
+    combine_splits,
+    paged_attention,
+    store_kv,
+)
 from prefixcache.kernels.reference import end_aligned_causal_mask, paged_attention_reference
 
 pytestmark = pytest.mark.kernel
@@ -233,3 +241,125 @@ def test_store_kv_rejects_mismatched_rows() -> None:
     k = torch.zeros(3, NUM_KV_HEADS + 1, HEAD_DIM)
     with pytest.raises(AssertionError, match="cache rows"):
         store_kv(k, k, k_cache, k_cache.clone(), torch.arange(3))
+
+
+# %%
+# Split-KV decode (flash-decoding) and its combine
+# ------------------------------------------------
+# Ragged decode: contexts from 1 token (every split but the first is empty) to several tiles.
+RAGGED_DECODE = ([1, 1, 1, 1], [1, 70, 300, 129])
+
+
+@pytest.mark.parametrize("num_kv_splits", [2, 5])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_split_kv_decode_matches_reference(num_kv_splits: int, group: int, page_size: int) -> None:
+    q_lens, seq_lens = RAGGED_DECODE
+    batch = paged_batch(q_lens, seq_lens, page_size=page_size, group=group)
+    out = paged_attention(*batch, num_kv_splits=num_kv_splits)
+    assert torch.isfinite(out).all(), "NaN: a split read a slot it must not, or an empty split leaked"
+    torch.testing.assert_close(out, paged_attention_reference(*batch), **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("num_kv_splits", [3, 8])
+def test_split_kv_is_exact_for_extend_and_mixed_batches(num_kv_splits: int) -> None:
+    """Splits are not only for decode: queries before a split's range see none of it."""
+    q_lens, seq_lens = SCENARIOS["mixed"]
+    batch = paged_batch(q_lens, seq_lens, page_size=16, group=4)
+    out = paged_attention(*batch, num_kv_splits=num_kv_splits)
+    torch.testing.assert_close(out, paged_attention_reference(*batch), **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_split_kv_in_half_precision(dtype: torch.dtype) -> None:
+    q_lens, seq_lens = RAGGED_DECODE
+    batch = paged_batch(q_lens, seq_lens, page_size=16, group=4, dtype=dtype)
+    torch.testing.assert_close(
+        paged_attention(*batch, num_kv_splits=4), paged_attention_reference(*batch), **TOLERANCE[dtype]
+    )
+
+
+def test_combine_weights_splits_by_their_log_sum_exp() -> None:
+    """Two splits of one row: the combine is the softmax-weighted mean; an empty split (-inf)
+    counts for nothing, even when its partial holds garbage."""
+    partial = torch.stack(
+        [torch.full((HEAD_DIM,), 1.0), torch.full((HEAD_DIM,), 3.0), torch.full((HEAD_DIM,), 1e6)]
+    )[None, None]  # [1, 1, 3, D]
+    lse = torch.tensor([[[0.0, 1.0, float("-inf")]]])  # weights 1 : 2 : 0 (base 2)
+    out = torch.empty(1, 1, HEAD_DIM)
+    combine_splits(partial, lse, out)
+    torch.testing.assert_close(out, torch.full((1, 1, HEAD_DIM), (1.0 + 2 * 3.0) / 3))
+
+
+def test_split_heuristic() -> None:
+    sms = 132  # an H100/H200
+    # Decode at batch 1: split until the SMs are busy, bounded by the context's tiles.
+    assert choose_num_kv_splits(1, 8, 1, 128 * 1024, sms) == min(MAX_KV_SPLITS, -(-2 * sms // 8))
+    assert choose_num_kv_splits(1, 8, 1, 2 * BLOCK_N * MIN_TILES_PER_SPLIT, sms) == 2
+    assert choose_num_kv_splits(1, 8, 1, 100, sms) == 1  # one split's worth of context
+    # A big batch already fills the GPU; extend and prefill never split; neither does a CPU.
+    assert choose_num_kv_splits(256, 8, 1, 128 * 1024, sms) == 1
+    assert choose_num_kv_splits(1, 8, 512, 128 * 1024, sms) == 1
+    assert choose_num_kv_splits(1, 8, 1, 128 * 1024, 1) == 1
+    with pytest.raises(ValueError, match="batch"):
+        choose_num_kv_splits(0, 8, 1, 1024, sms)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_kv_splits=0),
+        dict(num_kv_splits=MAX_KV_SPLITS + 1),
+        dict(num_kv_splits=2, batch_invariant=True),
+    ],
+)
+def test_bad_split_request_is_a_clear_error(kwargs: dict) -> None:
+    batch = paged_batch([1], [8], page_size=4, group=2)
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        paged_attention(*batch, **kwargs)
+
+
+# %%
+# Batch invariance
+# ----------------
+# A prompt's outputs must not depend on how it was chunked: each chunking computes the queries
+# of one chunk over the KV of everything before it, as a prefix-cache hit does.
+CHUNKINGS = [[70], [5, 65], [33, 37], [16, 48, 6], [1, 68, 1], [69, 1]]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_batch_invariant_attention_is_bit_identical_across_chunkings(page_size: int) -> None:
+    total = sum(CHUNKINGS[0])
+    kv = logical_kv([total], NUM_KV_HEADS, HEAD_DIM, seed=3)
+    whole = paged_batch([total], [total], page_size=page_size, group=4, kv=kv, seed=3)
+    expected = paged_attention(*whole, batch_invariant=True)  # [total, Hq, D]
+    torch.testing.assert_close(expected, paged_attention_reference(*whole), **TOLERANCE[torch.float32])
+    for chunking in CHUNKINGS[1:]:
+        start = 0
+        for n in chunking:
+            # Queries [start, start + n) over KV [0, start + n): the chunk after a cached prefix.
+            step = paged_batch(
+                [n],
+                [start + n],
+                page_size=page_size,
+                group=4,
+                kv=[(k[: start + n], v[: start + n]) for k, v in kv],
+                seed=3,
+            )._replace(q=whole.q[start : start + n])
+            out = paged_attention(*step, batch_invariant=True)
+            assert torch.equal(out, expected[start : start + n]), (
+                f"chunking {chunking}: chunk at {start} differs"
+            )
+            start += n
+
+
+def test_batch_invariant_output_ignores_the_rest_of_the_batch() -> None:
+    q_lens, seq_lens = SCENARIOS["mixed"]
+    kv = logical_kv(seq_lens, NUM_KV_HEADS, HEAD_DIM, seed=5)
+    together = paged_batch(q_lens, seq_lens, page_size=16, group=4, kv=kv, seed=5)
+    out = paged_attention(*together, batch_invariant=True)
+    cu = together.cu_seqlens_q.tolist()
+    for b in range(len(seq_lens)):
+        alone = paged_batch([q_lens[b]], [seq_lens[b]], page_size=16, group=4, kv=[kv[b]], seed=5)
+        alone = alone._replace(q=together.q[cu[b] : cu[b + 1]])
+        assert torch.equal(paged_attention(*alone, batch_invariant=True), out[cu[b] : cu[b + 1]])
