@@ -71,7 +71,7 @@ class Engine:
         self.token_budget = token_budget
         self.model = model
         self.max_num_seqs = max_num_seqs
-        self.cost_model = cost_model or CostModel()
+        self.cost_model = cost_model if cost_model is not None else CostModel.measured()
         self.seed = seed
         self.vocab_size = vocab_size
         self.check_invariants = check_invariants

@@ -357,7 +357,7 @@ def test_decode_steps_in_place_is_exact_and_tight(backend: str, prompt_len: int,
 @pytest.mark.parametrize("backend", ["hashchain", "radix"])
 def test_decode_stretch_stops_where_a_request_arrives(backend: str) -> None:
     """A request arriving mid-decode is admitted at the step it would be without stretches."""
-    dt = CostModel().step_time(0, 1)
+    dt = CostModel.measured().step_time(0, 1)  # the engine's default clock
 
     def requests() -> list[Request]:
         late = [

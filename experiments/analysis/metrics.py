@@ -46,7 +46,7 @@ from prefixcache import CostModel, PrefixCache, RequestRecord
 
 def records_frame(records: Sequence[RequestRecord], cost_model: CostModel | None = None) -> pd.DataFrame:
     """One tidy row per request, with derived columns (ttft_s, isolated_ttft_s, cache_op_us)."""
-    cost = cost_model or CostModel()
+    cost = cost_model or CostModel.measured()
     df = pd.DataFrame([dataclasses.asdict(r) for r in records])
     if df.empty:
         return df
@@ -105,7 +105,7 @@ def summarize(
     ran = _ran(records)
     ttft = [r.first_token_time - r.arrival_time for r in ran if r.first_token_time is not None]
     iso = isolated_ttft_s(
-        [r.prompt_tokens for r in ran], [r.hit_tokens for r in ran], cost_model or CostModel()
+        [r.prompt_tokens for r in ran], [r.hit_tokens for r in ran], cost_model or CostModel.measured()
     )
     return {
         "requests": len(records),

@@ -30,7 +30,7 @@ from prefixcache.experiments.analysis.bounds import offline_schedule
 from prefixcache.experiments.analysis.metrics import block_hit_rate_of
 from prefixcache.experiments.inputs.workloads import make_workload
 
-from prefixcache import CacheConfig, Engine, PrefixCache, Request, make_cache
+from prefixcache import CacheConfig, CostModel, Engine, PrefixCache, Request, make_cache
 
 SCALES = ("tiny", "default", "full")
 # Bump when run_cell's summary gains or changes a column: stored cells of another version rerun.
@@ -91,11 +91,16 @@ def cell_config(study: str, *, source: str, backend: str, page_size: int, capaci
                 options: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
                 label: str | None = None, limit: int | None = None, seed: int = 0) -> dict[str, Any]:
     """The one dict that defines a cell. ``source`` is a workload name or a trace key of
-    MOONCAKE_TRACES; ``params`` the workload's keywords; ``options`` the backend's."""
-    return dict(study=study, source=source, params=params or {}, limit=limit, mode=mode,
-                backend=backend, options=options or {}, label=label or backend, page_size=page_size,
-                capacity_tokens=capacity_tokens, scheduler=scheduler, token_budget=token_budget,
-                seed=seed)
+    MOONCAKE_TRACES; ``params`` the workload's keywords; ``options`` the backend's. Engine
+    cells also record the clock (the measured cost model's constants), so that a recalibration
+    reruns them; replays have no clock."""
+    config = dict(study=study, source=source, params=params or {}, limit=limit, mode=mode,
+                  backend=backend, options=options or {}, label=label or backend, page_size=page_size,
+                  capacity_tokens=capacity_tokens, scheduler=scheduler, token_budget=token_budget,
+                  seed=seed)
+    if mode != "replay":  # run_cell drives every other mode through the engine
+        config["cost_model"] = CostModel.measured().constants()
+    return config
 
 
 def make_requests(config: dict[str, Any]) -> list[Request]:
@@ -164,7 +169,8 @@ def run_engine(
     cache: PrefixCache, reqs: Sequence[Request], config: dict[str, Any]
 ) -> tuple[pd.DataFrame, Engine]:
     reqs, scheduler = offline_schedule(reqs, config["scheduler"])
-    engine = Engine(cache, scheduler, config["token_budget"], seed=config["seed"])
+    engine = Engine(cache, scheduler, config["token_budget"], seed=config["seed"],
+                    cost_model=CostModel(**config["cost_model"]))
     records = engine.run(reqs)
     df = pd.DataFrame([asdict(r) for r in records])
     df["ttft_s"] = df["first_token_time"] - df["arrival_time"]

@@ -5,6 +5,7 @@ writes ``figures/ttft`` and ``generated/ttft.tex``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -68,7 +69,7 @@ def make(results: Path, paper: Path) -> list[Path]:
     diff = cached.pivot_table(index="shared_fraction", columns="backend", values="mean")
     none_hi = sweep[(sweep["backend"] == "none")]["mean"]
     radix_hi = sweep[(sweep["backend"] == "radix")]["mean"]
-    cost = CostModel()
+    cost = CostModel(**json.loads(df["cost_model"].iloc[0]))  # the clock the cells ran under
     values = {
         "ttftLowHit": fmt(float(lo["hit_rate"].mean()) * 100),
         "ttftHighHit": fmt(float(hi["hit_rate"].mean()) * 100),

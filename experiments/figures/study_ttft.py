@@ -45,7 +45,7 @@ CAPACITY_TOKENS = 1 << 17
 def prefill_capacity_rps(cost: CostModel | None = None) -> float:
     """Requests per second the cost model can prefill with no cache at all (1 / prefill_token_s
     tokens per second, step overheads amortised by batching): utilisation 1.0."""
-    return 1.0 / ((cost or CostModel()).prefill_token_s * PROMPT_LEN)
+    return 1.0 / ((cost or CostModel.measured()).prefill_token_s * PROMPT_LEN)
 
 
 def configs(scale: str) -> list[dict[str, Any]]:
@@ -73,12 +73,12 @@ def configs(scale: str) -> list[dict[str, Any]]:
 
 
 def isolated_estimates(configs_: list[dict[str, Any]], out: Path) -> list[float]:
-    """Mean no-queue TTFT per cell, from its stored per-request table."""
-    cost = CostModel()
+    """Mean no-queue TTFT per cell, from its stored per-request table, under its own clock."""
     values = []
     for c in configs_:
         df = read_table(out / STUDY / cell_name(c) / "requests")
         df = df[~df["rejected"]]
+        cost = CostModel(**c["cost_model"])
         values.append(float(isolated_ttft_s(df["prompt_tokens"], df["hit_tokens"], cost).mean()))
     return values
 
@@ -88,7 +88,7 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
     df = run_cells(cfgs, out, force=force, jobs=jobs)
     df["isolated_ttft_mean_s"] = isolated_estimates(cfgs, out)
     save_study(df, out, STUDY, {"scale": scale, **SCALE[scale], "prompt_len": PROMPT_LEN,
-                                "capacity_tokens": CAPACITY_TOKENS, "cost_model": str(CostModel())})
+                                "capacity_tokens": CAPACITY_TOKENS, "cost_model": str(CostModel.measured())})
     return out / STUDY
 
 
