@@ -4,12 +4,15 @@ RMSNorm, rotary embeddings, grouped-query attention through ``paged_attention``,
 random weights from a seed. It exists so that a cache hit can be checked against recompute:
 the engine hands ``step`` the new tokens of each running sequence with the page table the
 prefix cache gave it, and the model writes their K/V into those pages and attends over them.
+
+With ``batch_invariant=True`` a token's logits are bit-identical however the prompt was split
+into steps (a cache hit or a recompute, any chunking, any page size): see ``Model``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -78,6 +81,17 @@ class StepBatch(NamedTuple):
     cos: torch.Tensor  # fp32 [T, 1, D/2]  rotary angles of each new token's position
     sin: torch.Tensor  # fp32 [T, 1, D/2]
     attention_impl: AttentionImpl
+    invariant_ops: bool  # per-token ops one token at a time (batch-invariant mode)
+    invariant_attention: bool  # the kernel's fixed-tile mode (batch-invariant mode)
+
+
+def per_token(invariant: bool, fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
+    """``fn(*xs)`` for ops that act on each row (token) alone; if ``invariant``, one row at a
+    time, so that every row's result comes from the same [1, ...]-shaped computation."""
+    if not invariant:
+        return fn(*xs)
+    # clone: each row in a fresh buffer, so not even its alignment depends on its index
+    return torch.cat([fn(*(x[i : i + 1].clone() for x in xs)) for i in range(xs[0].shape[0])])
 
 
 class RMSNorm(nn.Module):
@@ -106,22 +120,32 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(config.dim, config.dim + 2 * kv_dim, bias=False)
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
 
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, dim] -> q, rotated k, v side by side: [T, dim + 2 * kv_dim] (per token)."""
+        c = self.config
+        kv_dim = c.n_kv_heads * c.head_dim
+        q, k, v = self.wqkv(x).split([c.dim, kv_dim, kv_dim], dim=-1)  # [T, dim], [T, kv_dim] x 2
+        q = apply_rope(q.view(-1, c.n_heads, c.head_dim), cos, sin)  # [T, Hq, D]
+        k = apply_rope(k.view(-1, c.n_kv_heads, c.head_dim), cos, sin)  # [T, Hkv, D]
+        return torch.cat([q.flatten(1), k.flatten(1), v], dim=-1)
+
     def forward(
         self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepBatch
     ) -> torch.Tensor:
         """x: [T, dim]; k/v_cache: [num_pages, page_size, Hkv, D] of this layer. Returns [T, dim]."""
         c = self.config
         kv_dim = c.n_kv_heads * c.head_dim
-        q, k, v = self.wqkv(x).split([c.dim, kv_dim, kv_dim], dim=-1)  # [T, dim], [T, kv_dim] x 2
-        q = apply_rope(q.view(-1, c.n_heads, c.head_dim), batch.cos, batch.sin)  # [T, Hq, D]
-        k = apply_rope(k.view(-1, c.n_kv_heads, c.head_dim), batch.cos, batch.sin)  # [T, Hkv, D]
+        qkv = per_token(batch.invariant_ops, self.project, x, batch.cos, batch.sin)
+        q, k, v = qkv.split([c.dim, kv_dim, kv_dim], dim=-1)  # [T, dim], [T, kv_dim] x 2
+        q = q.reshape(-1, c.n_heads, c.head_dim)  # [T, Hq, D]
+        k = k.reshape(-1, c.n_kv_heads, c.head_dim)  # [T, Hkv, D]
         v = v.reshape(-1, c.n_kv_heads, c.head_dim)  # [T, Hkv, D]
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)  # new KV first: the queries see it
         o = ATTENTION_IMPLS[batch.attention_impl](
             q, k_cache, v_cache, batch.page_table, batch.cu_seqlens_q, batch.seq_lens,
-            max_q_len=batch.max_q_len,
+            max_q_len=batch.max_q_len, batch_invariant=batch.invariant_attention,
         )  # fmt: skip
-        return self.wo(o.flatten(1))  # o: [T, Hq, D] -> [T, dim]
+        return per_token(batch.invariant_ops, self.wo, o.flatten(1))  # o: [T, Hq, D] -> [T, dim]
 
 
 class FeedForward(nn.Module):
@@ -146,12 +170,40 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepBatch
     ) -> torch.Tensor:  # x: [T, dim]
-        h = x + self.attention(self.attention_norm(x), k_cache, v_cache, batch)  # [T, dim]
-        return h + self.feed_forward(self.ffn_norm(h))  # [T, dim]
+        invariant = batch.invariant_ops
+        h = x + self.attention(per_token(invariant, self.attention_norm, x), k_cache, v_cache, batch)
+        return h + per_token(invariant, self.mlp, h)  # [T, dim]
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:  # h: [T, dim]
+        return self.feed_forward(self.ffn_norm(h))
 
 
 class Model(nn.Module):
-    """The decoder plus its per-layer K/V pools of ``num_pages`` pages of ``page_size`` slots."""
+    """The decoder plus its per-layer K/V pools of ``num_pages`` pages of ``page_size`` slots.
+
+    ``batch_invariant=True`` fixes every reduction order so that a token's outputs depend only
+    on its position and its context, not on how many tokens share the step (so a cache hit's
+    logits equal a recompute's bit for bit, whatever the chunking or page size). Op by op:
+
+    * linear layers (wqkv, wo, w13, w2, output): a GEMM's kernel and blocking depend on M, the
+      number of rows (on our 2-core VM, MKL's fp32 rows for M < 8 differ from M >= 8). Invariant
+      mode runs them one token at a time (M = 1 always), through ``per_token``.
+    * RMSNorm: a mean over each row only, but how a vectorised reduction is laid out may depend
+      on the tensor's shape; one token at a time too (then nothing needs arguing).
+    * cos/sin of the rotary angles, SiLU: elementwise, but ATen runs the tail of a vectorised
+      loop through scalar code, and scalar and vector ``exp`` can differ in the last bit (seen
+      here for SiLU: a token's bits depended on where its elements fell in the tensor). One
+      token at a time, so every token's elements sit at the same offsets every time.
+    * residual adds: single IEEE additions, correctly rounded in scalar and vector code alike,
+      so exact batched.
+    * embedding lookup, ``store_kv``, splits, reshapes, ``torch.cat``: copies, exact.
+    * attention: the only op that mixes tokens. The kernel's ``batch_invariant=True`` uses one
+      tile shape whatever the query length and never splits KV, so each query row sees the same
+      KV tiles in the same order; the reference (SDPA per sequence, batched over q_len) makes
+      no such promise, so invariant mode needs ``attention_impl="triton"``.
+
+    Off by default: the per-token loop costs one launch per token and op.
+    """
 
     def __init__(
         self,
@@ -163,6 +215,7 @@ class Model(nn.Module):
         device: torch.device | str = "cpu",
         seed: int = 0,
         attention_impl: AttentionImpl = "triton",
+        batch_invariant: bool = False,
     ) -> None:
         super().__init__()
         check_positive_int("num_pages", num_pages)
@@ -171,7 +224,11 @@ class Model(nn.Module):
             raise ValueError(
                 f"attention_impl must be one of {sorted(ATTENTION_IMPLS)}, got {attention_impl!r}"
             )
+        if batch_invariant and attention_impl != "triton":
+            raise ValueError("batch_invariant=True needs attention_impl='triton' (the reference's "
+                             f"SDPA has no fixed reduction order), got {attention_impl!r}")
         self.config = config
+        self.batch_invariant = batch_invariant
         self.num_pages = num_pages
         self.page_size = page_size
         self.attention_impl: AttentionImpl = attention_impl
@@ -250,9 +307,11 @@ class Model(nn.Module):
                 [c.start_pos + len(c.token_ids) for c in chunks], dtype=torch.int32, device=dev
             ),
             max_q_len=max(q_lens),
-            cos=angles.cos()[:, None, :],
-            sin=angles.sin()[:, None, :],
+            cos=per_token(self.batch_invariant, torch.cos, angles)[:, None, :],
+            sin=per_token(self.batch_invariant, torch.sin, angles)[:, None, :],
             attention_impl=self.attention_impl,
+            invariant_ops=self.batch_invariant,
+            invariant_attention=self.batch_invariant,
         )
         return torch.tensor(tokens, device=dev), batch
 
@@ -265,4 +324,7 @@ class Model(nn.Module):
         for layer, k_cache, v_cache in zip(self.layers, self.k_caches, self.v_caches, strict=True):
             x = layer(x, k_cache, v_cache, batch)  # [T, dim]
         last = batch.cu_seqlens_q[1:].long() - 1  # [B] index of each sequence's last new token
-        return self.output(self.norm(x[last])).float()  # [B, vocab]
+        return per_token(batch.invariant_ops, self.head, x[last]).float()  # [B, vocab]
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, dim] -> [B, vocab]
+        return self.output(self.norm(x))
