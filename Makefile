@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: setup test test-thorough mutants bench upstream whole-traces-full reproduce lint clean
+.PHONY: setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,28 @@ bench: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.bench.eviction
 	$(BIN)/python -m pytest -q -p no:cacheprovider --benchmark-only tests/bench
 
+side-channel-timing: $(STAMP)
+	$(BIN)/python -m prefixcache.experiments.analysis.side_channel_timing
+
+# The engine clock's constants, measured: times model-mode steps (GPU if present, else CPU) and
+# rewrites prefixcache/cost_model_measured.json and results/bench/cost_model.csv (commit both;
+# every engine study's cells rerun under the new clock). Run it on a quiet machine.
+calibrate: $(STAMP)
+	$(BIN)/python -m prefixcache.experiments.bench.cost_model
+
+# The kernel on a GPU, once, start to finish in about 8 minutes (never in test, reproduce or CI):
+# writes results/kernel_bench/ (commit it; fig_kernel reads it). GPU_PY is a python whose torch
+# sees CUDA: .venv's if it has one, else python3 (a GPU image's own torch); the package is
+# installed into it, offline and without dependencies, if it cannot import it.
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+.PHONY: gpu-bench
+gpu-bench:
+	@$(GPU_PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null || \
+		{ echo "make gpu-bench: no CUDA device visible to $(GPU_PY)'s torch; run it on a GPU machine (GPU_PY=python3 for another python)" >&2; exit 1; }
+	@$(GPU_PY) -c "import prefixcache.kernels.paged_attention" 2>/dev/null || \
+		$(GPU_PY) -m pip install -q --no-deps --no-build-isolation --no-index -e .
+	PYTHONUNBUFFERED=1 $(GPU_PY) -m prefixcache.experiments.bench.kernel --out results/kernel_bench $(GPU_BENCH_ARGS)
+
 # Our backends against vLLM's and SGLang's own code (a separate venv; not part of CI).
 upstream: $(STAMP)
 	test -x .venv-upstream/bin/python || bash experiments/upstream/setup_venv.sh
@@ -52,5 +74,6 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .hypothesis
-	# results/bench/ and results/whole_traces_full/ are committed (their own targets write them)
-	find results -mindepth 1 -maxdepth 1 ! -name bench ! -name whole_traces_full -exec rm -rf {} + 2>/dev/null || true
+	# results/bench/, whole_traces_full/ and kernel_bench/ are committed (their own targets write them)
+	find results -mindepth 1 -maxdepth 1 ! -name bench ! -name whole_traces_full ! -name kernel_bench \
+		-exec rm -rf {} + 2>/dev/null || true

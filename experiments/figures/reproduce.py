@@ -23,21 +23,26 @@ from pathlib import Path
 
 from prefixcache.experiments.figures import (
     fig_capacity,
+    fig_divergence,
     fig_eviction,
     fig_granularity,
     fig_kernel,
     fig_ops,
     fig_policies,
     fig_scheduling,
+    fig_side_channel,
     fig_structures,
     fig_ttft,
     plotting,
     study_capacity,
+    study_divergence,
     study_eviction,
     study_granularity,
     study_scheduling,
+    study_side_channel,
     study_ttft,
     study_whole_traces,
+    tab_cost_model,
     tab_features,
     tab_published,
     tab_whole_traces,
@@ -45,9 +50,10 @@ from prefixcache.experiments.figures import (
 from prefixcache.experiments.figures.common import SCALES
 
 STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduling, study_eviction,
-           study_ttft]
+           study_ttft, study_side_channel, study_divergence]
 FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
-           fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces]
+           fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces, tab_cost_model,
+           fig_side_channel, fig_divergence]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 
