@@ -30,7 +30,8 @@ STYLE = {1: "o-", 16: "s-", 64: "^-"}
 
 def unmeasured(paper: Path, reason: str) -> list[Path]:
     """The placeholder figure, and the sentence the paper prints instead of kernel numbers."""
-    text = (f"The kernel was not measured on a GPU for this build of the paper ({tex_escape(reason)}), "
+    reason_tex = tex_escape(reason).replace("/", "/\\allowbreak{}")  # a long path may break at its slashes
+    text = (f"The kernel was not measured on a GPU for this build of the paper ({reason_tex}), "
             "so its figure is left out and we claim no kernel numbers; \\texttt{make gpu-bench} measures it.")
     return [placeholder("kernel", paper, f"kernel not measured on a GPU:\n{reason}\nrun make gpu-bench"),
             write_macros(paper, "kernel",
