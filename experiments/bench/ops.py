@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import itertools
 import json
 import math
@@ -76,7 +77,11 @@ def write_rows_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def count_calls(op: Callable[[], Any]) -> int:
-    """Python and C function calls made by ``op()``: the work, independent of memory speed."""
+    """Python and C function calls made by ``op()``: the work, independent of memory speed.
+
+    The garbage collector is held off while ``op`` runs: a collection would run finalizers and
+    ``gc.callbacks`` of objects that earlier code left behind, calls that are not ``op``'s work
+    and that depend on what ran before (a test suite's order)."""
     calls = 0
 
     def profile(frame: Any, event: str, arg: Any) -> None:
@@ -84,11 +89,16 @@ def count_calls(op: Callable[[], Any]) -> int:
         if event == "call" or event == "c_call":
             calls += 1
 
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
     sys.setprofile(profile)
     try:
         op()
     finally:
         sys.setprofile(None)
+        if was_enabled:
+            gc.enable()
     return calls - 1  # setprofile(None) itself is reported as a c_call
 
 
