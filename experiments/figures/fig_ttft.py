@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from prefixcache.experiments.analysis.metrics import mean_ci95
 from prefixcache.experiments.figures.plotting import PALETTE, figure_main, fmt, load, save, write_macros
-from prefixcache.experiments.figures.study_ttft import prefill_capacity_rps
+from prefixcache.experiments.figures.study_ttft import no_cache_capacity_rps
 
 from prefixcache import CostModel
 
@@ -88,7 +88,7 @@ def make(results: Path, paper: Path) -> list[Path]:
         "ttftStepOverheadMs": fmt(cost.step_overhead_s * 1e3),
         "ttftPrefillUs": fmt(cost.prefill_token_s * 1e6, 0),
         "ttftDecodeUs": fmt(cost.decode_token_s * 1e6, 0),
-        "ttftCapacityRps": fmt(prefill_capacity_rps(cost)),
+        "ttftCapacityRps": fmt(no_cache_capacity_rps(cost)),
     }
     out.append(write_macros(paper, "ttft", values))
     return out

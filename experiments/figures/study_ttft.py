@@ -3,8 +3,8 @@
 SGLang varies how much of each prompt is shared and plots TTFT against the hit rate that
 results. Here: SGLang's generated-shared-prefix workload with a fixed prompt length and a
 shared system prompt of ``fraction`` of it, Poisson arrivals at a utilisation of the cost
-model's prefill capacity (the same arrival sample at every sweep point: common random numbers),
-several seeds, served by the simulated engine
+model's no-cache capacity, prefill and decode (the same arrival sample at every sweep point:
+common random numbers), several seeds, served by the simulated engine
 (its ``CostModel``: a fixed step overhead plus per-token prefill and decode costs; queueing
 included). Beside the measured TTFT, ``metrics.isolated_ttft_s`` gives the no-queue estimate
 ``step_overhead + prefill_token_s * (prompt - hit)``. Backends at their native page sizes,
@@ -32,6 +32,7 @@ from prefixcache import CostModel
 STUDY = "ttft"
 BACKENDS = [("radix", 1), ("hashchain", 16), ("none", 16)]
 PROMPT_LEN = 1024
+OUTPUT_LEN = 16
 SCALE = {
     "tiny": dict(fractions=[0.0, 0.75], utilisations=[0.6], groups=2, per_group=6, seeds=2),
     "default": dict(fractions=[0.0, 0.5, 0.875], utilisations=[0.3, 0.6, 0.9], groups=4, per_group=32,
@@ -42,10 +43,13 @@ SCALE = {
 CAPACITY_TOKENS = 1 << 17
 
 
-def prefill_capacity_rps(cost: CostModel | None = None) -> float:
-    """Requests per second the cost model can prefill with no cache at all (1 / prefill_token_s
-    tokens per second, step overheads amortised by batching): utilisation 1.0."""
-    return 1.0 / ((cost or CostModel.measured()).prefill_token_s * PROMPT_LEN)
+def no_cache_capacity_rps(cost: CostModel | None = None) -> float:
+    """Requests per second the cost model can serve with no cache at all: each request's prompt
+    prefilled and its answer decoded (step overheads amortised by batching): utilisation 1.0.
+    Decode counts: under the measured CPU clock a decoded token costs several prefilled ones, so
+    a prefill-only capacity would put the top sweep point past saturation."""
+    cost = cost or CostModel.measured()
+    return 1.0 / (cost.prefill_token_s * PROMPT_LEN + cost.decode_token_s * OUTPUT_LEN)
 
 
 def configs(scale: str) -> list[dict[str, Any]]:
@@ -58,8 +62,8 @@ def configs(scale: str) -> list[dict[str, Any]]:
         shared = round(frac * PROMPT_LEN)
         for util in s["utilisations"]:
             params = dict(num_groups=s["groups"], prompts_per_group=s["per_group"], system_prompt_len=shared,
-                          question_len=PROMPT_LEN - shared, output_len=16, shuffle=True,
-                          request_rate=round(util * prefill_capacity_rps(), 6))
+                          question_len=PROMPT_LEN - shared, output_len=OUTPUT_LEN, shuffle=True,
+                          request_rate=round(util * no_cache_capacity_rps(), 6))
             if shared == 0:  # no system prompt at all: the workload needs a non-empty one
                 params.update(system_prompt_len=1, question_len=PROMPT_LEN - 1)
             for seed in range(s["seeds"]):
