@@ -53,6 +53,7 @@ recomputed with it in one prefill.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -364,7 +365,13 @@ def _num_sms(device: torch.device) -> int:
     splitting there only adds work)."""
     if device.type != "cuda":
         return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_num_sms(torch.device(device).index or 0)
+
+
+@functools.cache
+def _cuda_num_sms(index: int) -> int:
+    """Asked once per device: every decode launch consults it."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def paged_attention(

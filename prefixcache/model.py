@@ -78,6 +78,7 @@ class StepBatch(NamedTuple):
     cu_seqlens_q: torch.Tensor  # int32 [B + 1]
     seq_lens: torch.Tensor  # int32 [B]
     max_q_len: int
+    max_seq_len: int  # the longest seq_len: the kernel's split heuristic needs no device sync
     cos: torch.Tensor  # fp32 [T, 1, D/2]  rotary angles of each new token's position
     sin: torch.Tensor  # fp32 [T, 1, D/2]
     attention_impl: AttentionImpl
@@ -143,7 +144,8 @@ class Attention(nn.Module):
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)  # new KV first: the queries see it
         o = ATTENTION_IMPLS[batch.attention_impl](
             q, k_cache, v_cache, batch.page_table, batch.cu_seqlens_q, batch.seq_lens,
-            max_q_len=batch.max_q_len, batch_invariant=batch.invariant_attention,
+            max_q_len=batch.max_q_len, max_seq_len=batch.max_seq_len,
+            batch_invariant=batch.invariant_attention,
         )  # fmt: skip
         return per_token(batch.invariant_ops, self.wo, o.flatten(1))  # o: [T, Hq, D] -> [T, dim]
 
@@ -298,15 +300,15 @@ class Model(nn.Module):
         dev = self.device
         positions_t = torch.tensor(positions, device=dev)  # [T]
         angles = positions_t.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        seq_lens = [c.start_pos + len(c.token_ids) for c in chunks]
         batch = StepBatch(
             positions=positions_t,
             slot_mapping=torch.tensor(slots, device=dev),
             page_table=table.to(dev),
             cu_seqlens_q=torch.tensor([0, *q_lens], device=dev).cumsum(0).int(),
-            seq_lens=torch.tensor(
-                [c.start_pos + len(c.token_ids) for c in chunks], dtype=torch.int32, device=dev
-            ),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
             max_q_len=max(q_lens),
+            max_seq_len=max(seq_lens),
             cos=per_token(self.batch_invariant, torch.cos, angles)[:, None, :],
             sin=per_token(self.batch_invariant, torch.sin, angles)[:, None, :],
             attention_impl=self.attention_impl,
