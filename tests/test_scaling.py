@@ -63,3 +63,20 @@ def test_count_calls_counts_the_work_of_a_python_loop() -> None:
             abs(-1)
 
     assert count_calls(partial(loop, 100)) - count_calls(partial(loop, 0)) == 100
+
+
+def test_count_calls_does_not_count_a_garbage_collection() -> None:
+    """Finalizers and gc.callbacks belong to whatever left the garbage, not to the operation."""
+    import gc
+
+    def make_cycles() -> None:
+        for _ in range(2000):  # far past gc's first threshold: a collection would run here
+            a: list[object] = []
+            a.append(a)
+
+    gc.callbacks.append(lambda phase, info: None)  # a Python call at every collection
+    try:
+        with_callback = count_calls(make_cycles)
+    finally:
+        gc.callbacks.pop()
+    assert with_callback == count_calls(make_cycles)
