@@ -4,7 +4,17 @@ from prefixcache.config import CacheConfig
 from prefixcache.cost_model import CostModel
 from prefixcache.engine import Engine
 from prefixcache.eviction import eviction_policies
-from prefixcache.interface import CacheStats, InvariantError, LiveRequest, Match, PageUsage, PrefixCache
+from prefixcache.interface import (
+    CacheStats,
+    InvariantError,
+    KVGroup,
+    LiveRequest,
+    Match,
+    PageUsage,
+    PrefixCache,
+)
+from prefixcache.layout import PRESETS as LAYOUT_PRESETS
+from prefixcache.layout import LayerSpec, ModelLayout
 from prefixcache.records import RequestRecord
 from prefixcache.registry import available_backends, make_cache, register_backend
 from prefixcache.request import MultiModalSpan, Request
@@ -17,8 +27,12 @@ __all__ = [
     "CostModel",
     "Engine",
     "InvariantError",
+    "KVGroup",
+    "LAYOUT_PRESETS",
+    "LayerSpec",
     "LiveRequest",
     "Match",
+    "ModelLayout",
     "MultiModalSpan",
     "PageUsage",
     "PrefixCache",

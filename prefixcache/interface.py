@@ -36,6 +36,27 @@ def ensure(condition: bool, message: str) -> None:
         raise InvariantError(message)
 
 
+@dataclass(frozen=True, slots=True)
+class KVGroup:
+    """One set of layers whose KV a backend keeps under one page table (``page_tables``).
+
+    kind:      "full", "sliding_window" or "mamba" (``prefixcache.layout.LAYER_KINDS``).
+    window:    tokens a sliding-window layer attends to, itself included (else None).
+    pool:      the index space the group's page ids live in. Groups with the same pool share
+               ids (vLLM: one block pool for every group; SGLang: a "full" and a "swa" pool).
+    page_size: tokens per page of that pool (a mamba group: tokens per state checkpoint).
+    num_pages: ids in that pool, page 0 (the null / padding page) included.
+    layers:    the model layers (indices into ``config.model_layout.layers``) reading it.
+    """
+
+    kind: str
+    window: int | None
+    pool: str
+    page_size: int
+    num_pages: int
+    layers: tuple[int, ...]
+
+
 class PageUsage(NamedTuple):
     """Where the usable pages are; the three add up to ``config.num_usable_pages``.
 
@@ -258,6 +279,22 @@ class PrefixCache(ABC, Generic[S]):
         Token ``t`` lives in page ``page_table[t // page_size]`` at offset ``t % page_size``.
         """
         return self._page_table(req, self._live_record(req, "page_table").state)
+
+    def kv_groups(self) -> tuple[KVGroup, ...]:
+        """The KV groups behind ``page_tables``, in the same order. Default: one full-attention
+        group over the whole pool serving every layer. Hybrid backends override it."""
+        cfg = self.config
+        return (KVGroup("full", None, "kv", cfg.page_size, cfg.num_pages,
+                        tuple(range(cfg.model_layout.num_layers))),)
+
+    def page_tables(self, req: Request) -> list[list[int]]:
+        """One page table per ``kv_groups()`` entry, each in token order like ``page_table``.
+
+        Sliding-window group: a page that left the window may read 0 (freed, never read again);
+        every page holding one of the last ``window - 1`` computed tokens is a real page holding
+        this request's KV. Default: the one group's ``page_table``.
+        """
+        return [self.page_table(req)]
 
     def evict(self, num_tokens: int) -> int:
         """Drop unpinned cached KV of at least ``num_tokens`` tokens if there is that much.
