@@ -17,6 +17,7 @@ import time
 import tomllib
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -128,13 +129,6 @@ def execute(
 
     index_memory_bytes: also measure the cache's bookkeeping deeply (pympler walks every
     object: minutes for a multi-million-token pool, so only on request)."""
-    from prefixcache.experiments.analysis.metrics import (
-        granularity_loss,
-        index_memory,
-        records_frame,
-        summarize,
-    )
-
     folder = out_root / run_name(cfg)
     if (folder / "summary.json").exists():
         if not force:
@@ -142,6 +136,23 @@ def execute(
         folder = next(
             p for i in itertools.count(2) if not (p := folder.with_name(f"{folder.name}-{i}")).exists()
         )
+    summary, df = simulate(cfg, progress=progress, index_memory_bytes=index_memory_bytes)
+    write_run(folder, cfg, summary, df)
+    return summary
+
+
+def simulate(
+    cfg: dict[str, Any], *, progress: bool = False, index_memory_bytes: bool = False
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """One config's run, touching no file: (its summary, one row per request). What a sweep's
+    workers run (a Ray worker may sit on another machine, so the driver writes the folder)."""
+    from prefixcache.experiments.analysis.metrics import (
+        granularity_loss,
+        index_memory,
+        records_frame,
+        summarize,
+    )
+
     cache = make_cache(cfg["backend"], CacheConfig(cfg["capacity_tokens"], cfg["page_size"]))
     requests, total = build_requests(cfg)
     requests, scheduler = offline_schedule(requests, cfg["scheduler"])
@@ -177,15 +188,19 @@ def execute(
         summary["granularity_loss_tokens"] = granularity_loss(
             [r.prompt_token_ids for r in requests], cfg["page_size"]
         )[0]
+    return summary, records_frame(records, engine.cost_model)
+
+
+def write_run(folder: Path, cfg: dict[str, Any], summary: dict[str, Any], df: pd.DataFrame) -> None:
+    """A run's folder: config.json, requests.parquet (CSV without pyarrow), summary.json last
+    (its presence marks the run finished)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
-    df = records_frame(records, engine.cost_model)
     try:
         df.to_parquet(folder / "requests.parquet", index=False)
     except ImportError:  # no pyarrow: CSV is the documented fallback
         df.to_csv(folder / "requests.csv", index=False)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    return summary
 
 
 # ------------------------------------------------------------------------------ commands
@@ -230,7 +245,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cells = sweep_configs(grid)
     todo = [c for c in cells if not (out / run_name(c) / "summary.json").exists()]
     print(f"sweep: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
-    for s in _run_cells(todo, out, args.executor, args.jobs):
+    for s in _run_cells(todo, out, args.executor, args.jobs, args.address):
         print(f"{s['config']}: {summary_line(s)}")
     table = sweep_table(cells, out)
     stem = out / f"{grid.stem}-sweep"
@@ -241,33 +256,63 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _run_cells(
-    todo: list[dict[str, Any]], out: Path, executor: str, jobs: int
+    todo: list[dict[str, Any]], out: Path, executor: str, jobs: int, address: str | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Each cell's summary as it finishes, the progress bar advancing per finished cell."""
+    """Each cell's summary as it finishes (its folder written here, by the driver), the
+    progress bar advancing per finished cell."""
     from tqdm.auto import tqdm
 
     with tqdm(total=len(todo), unit="cell", disable=len(todo) < 2) as bar:
-        if executor == "ray":
-            try:
-                import ray
-            except ImportError:
-                need = "--executor ray needs ray (pip install 'prefixcache[ray]'); use joblib"
-                raise ValueError(need) from None
-            task = ray.remote(execute)
-            pending = [task.remote(c, out, progress=False) for c in todo]
+        for cfg, summary, df in _simulations(todo, executor, jobs, address):
+            write_run(out / run_name(cfg), cfg, summary, df)
+            bar.update(1)
+            yield summary
+
+
+def _simulate_cell(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], pd.DataFrame]:
+    return (cfg, *simulate(cfg))
+
+
+def _simulations(
+    todo: list[dict[str, Any]], executor: str, jobs: int, address: str | None
+) -> Iterator[tuple[dict[str, Any], dict[str, Any], pd.DataFrame]]:
+    """(config, summary, requests) per cell, in the order cells finish."""
+    if executor == "ray":
+        with ray_session(address, num_cpus=jobs) as ray:
+            task = ray.remote(_simulate_cell)
+            pending = [task.remote(c) for c in todo]
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
-                bar.update(1)
                 yield ray.get(done[0])
-        else:
-            from joblib import Parallel, delayed
+        return
+    if address is not None:
+        raise ValueError("--address names a Ray cluster: it needs --executor ray")
+    from joblib import Parallel, delayed
 
-            results = Parallel(n_jobs=jobs, return_as="generator_unordered")(
-                delayed(execute)(c, out, progress=False) for c in todo
-            )
-            for s in results:
-                bar.update(1)
-                yield s
+    parallel = Parallel(n_jobs=jobs, return_as="generator_unordered")
+    yield from parallel(delayed(_simulate_cell)(c) for c in todo)
+
+
+@contextmanager
+def ray_session(address: str | None, num_cpus: int) -> Iterator[Any]:
+    """Ray for one sweep: the running session if there is one, else ``ray.init(address)`` for
+    a cluster (every node needs prefixcache installed) or a local Ray with ``num_cpus``
+    workers; a session started here is shut down at the end."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--executor ray needs ray (pip install 'prefixcache[ray]'); use joblib") from None
+    if ray.is_initialized():
+        yield ray
+        return
+    if address is not None:
+        ray.init(address=address, logging_level="WARNING")
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 def sweep_table(cells: list[dict[str, Any]], out: Path) -> pd.DataFrame:
@@ -383,9 +428,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s = sub.add_parser("sweep", help="a grid of runs from a TOML file (resumable)")
     s.add_argument("grid", help="TOML file: [grid] lists are crossed, [fixed] and [params] apply to all")
-    s.add_argument("--jobs", type=int, default=2, help="parallel cells with joblib (default: 2)")
+    s.add_argument(
+        "--jobs", type=int, default=2, help="parallel cells: joblib processes or local Ray CPUs (default: 2)"
+    )
     s.add_argument(
         "--executor", choices=["joblib", "ray"], default="joblib", help="where cells run (default: joblib)"
+    )
+    s.add_argument(
+        "--address",
+        help="Ray cluster to run on (e.g. ray://head:10001 or auto; with --executor ray; "
+        "default: a local Ray with --jobs CPUs)",
     )
     s.add_argument("--out", default="results", help="run folders and the sweep table (default: results)")
     t = sub.add_parser("trace", help="inspect a trace")
