@@ -52,6 +52,10 @@ class Arrivals:
             req, self._peeked = self._peeked, None
             yield req
 
+    def pending(self) -> list[Request]:
+        """Added requests that have not arrived yet (in no particular order)."""
+        return [entry[2] for entry in self._heap]
+
     def pop_arrived(self, clock: float) -> Iterator[Request]:
         """Added requests that have arrived by ``clock``, in arrival order."""
         while self._heap and self._heap[0][0] <= clock:

@@ -1,0 +1,73 @@
+"""What a router sees and decides. Routers are small and stateful: ``route`` picks a replica for
+one request at one time and says what it expects to be reused there; ``on_finish`` tells it
+that a request finished (only routers that count their own load listen)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from prefixcache.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """One replica at routing time, as its engine reports it (the metrics llm-d scrapes and
+    Dynamo's tracker keeps). Routers that count their own load ignore these."""
+
+    index: int
+    active_requests: int  # routed here and not finished (queued or running)
+    waiting: int  # queued, not admitted yet
+    kv_usage: float  # pages pinned by running requests / usable pages (vLLM's kv_cache_usage)
+    prefill_tokens: int  # prompt tokens still to compute, queued and running
+    decode_blocks: int  # blocks of page_size held by requests past their prefill
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    replica: int
+    predicted_tokens: int  # the router's estimate of prompt tokens reusable there (0: none)
+    branch: str  # the rule that decided: "cache", "balance", "explore", "random", ...
+
+
+class Router(ABC):
+    name = "router"
+
+    def __init__(self, num_replicas: int, *, seed: int = 0) -> None:
+        if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+            raise ValueError(f"num_replicas must be an int >= 1, got {num_replicas!r}")
+        self.num_replicas = num_replicas
+        self.seed = seed
+
+    def attach(self, cluster: Any) -> None:
+        """Called once by the cluster before the first request (the oracle reads its caches)."""
+        return None
+
+    @abstractmethod
+    def route(self, req: Request, replicas: Sequence[ReplicaState], now: float) -> Route:
+        """Pick a replica for ``req`` arriving at ``now``."""
+
+    def on_finish(self, req: Request, replica: int, now: float) -> None:
+        """``req`` finished on ``replica`` (routers that count their own load decrement)."""
+        return None
+
+
+def least_loaded(loads: Sequence[float]) -> int:
+    """The index of the smallest load, the first on ties."""
+    return min(range(len(loads)), key=loads.__getitem__)
+
+
+def chained_block_hashes(tokens: Sequence[int], block_size: int, seed: int = 0) -> list[int]:
+    """A router's own chained hash of each full block of ``tokens`` (xxh64 over the parent hash
+    and the block's token ids): equal lists mean equal prefixes, as vLLM's hashes do."""
+    out, parent = [], seed
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        h = xxhash.xxh64(parent.to_bytes(8, "little"))
+        h.update(b"".join(t.to_bytes(4, "little") for t in tokens[start : start + block_size]))
+        parent = h.intdigest()
+        out.append(parent)
+    return out

@@ -1,0 +1,193 @@
+"""A cluster: N replicas, each an engine over its own cache, one simulated clock, a router in
+front.
+
+Events run in time order: a request is routed when the clock reaches its arrival, and a
+replica's next step runs when its clock is the earliest of the busy replicas' (a replica's
+clock is the end of its last step). A step that began before an arrival is taken first, so
+the router sees each replica as it stands after the step in progress (one step of look-ahead
+at most, as a router polling engine metrics would). Decode stretches are off: an arrival
+routed to a replica mid-stretch would change its steps.
+
+Every request is routed once and finishes once (or is rejected by its replica as larger than
+the cache); ``run`` checks both, and the per-request rows say what the router predicted, what
+the chosen replica's cache held at routing time and what the request actually reused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefixcache.cluster.routers.base import ReplicaState, Router
+from prefixcache.cost_model import CostModel
+from prefixcache.engine import Engine
+from prefixcache.interface import PrefixCache
+from prefixcache.request import Request
+
+
+@dataclass(slots=True)
+class Replica:
+    index: int
+    cache: PrefixCache[Any]
+    engine: Engine
+    finished: int = 0
+
+
+@dataclass(slots=True)
+class RouteRecord:
+    """One routing decision and what came of it."""
+
+    request_id: str
+    replica: int
+    arrival_time: float
+    prompt_tokens: int
+    branch: str
+    predicted_tokens: int  # what the router expected to be reused
+    cached_at_route: int  # what the chosen replica's cache held for it at routing time
+    hit_tokens: int | None = None  # what it reused at admission (None: rejected)
+    ttft_s: float | None = None
+    rejected: bool = False
+
+
+class Cluster:
+    def __init__(
+        self,
+        caches: Sequence[PrefixCache[Any]],
+        router: Router,
+        *,
+        scheduler: str = "fcfs",
+        token_budget: int = 2048,
+        cost_model: CostModel | None = None,
+        seed: int = 0,
+        check_invariants: bool = False,
+    ) -> None:
+        if not caches:
+            raise ValueError("a cluster needs at least one replica")
+        if router.num_replicas != len(caches):
+            raise ValueError(
+                f"the router was made for {router.num_replicas} replicas, the cluster has {len(caches)}"
+            )
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("each replica needs its own cache object")
+        cm = cost_model if cost_model is not None else CostModel.measured()
+        self.replicas = [
+            Replica(i, c, Engine(c, scheduler, token_budget, cost_model=cm, seed=seed,
+                                 check_invariants=check_invariants, multi_step=False))
+            for i, c in enumerate(caches)
+        ]
+        self.router = router
+        self.routes: dict[str, RouteRecord] = {}
+        self.clock = 0.0
+        router.attach(self)
+
+    # ---------------------------------------------------------------- what a router sees
+    def state(self, replica: Replica) -> ReplicaState:
+        e, cache = replica.engine, replica.cache
+        queued = list(e.waiting) + e.arrivals.pending()
+        prefill = sum(r.num_prompt_tokens - r.num_computed_tokens for r in queued)
+        decode_blocks = 0
+        for r in e.running:
+            if r.num_computed_tokens < r.num_prompt_tokens:
+                prefill += r.num_prompt_tokens - r.num_computed_tokens
+            else:
+                decode_blocks += math.ceil(r.num_tokens / cache.config.page_size)
+        return ReplicaState(
+            index=replica.index,
+            active_requests=len(queued) + len(e.running),
+            waiting=len(queued),
+            kv_usage=cache.usage().in_use / cache.config.num_usable_pages,
+            prefill_tokens=prefill,
+            decode_blocks=decode_blocks,
+        )
+
+    # ---------------------------------------------------------------- the loop
+    def run(self, requests: Iterable[Request]) -> list[RouteRecord]:
+        """Route and serve every request (in arrival order); returns one record per request."""
+        pending = sorted(requests, key=lambda r: r.arrival_time)  # stable: ties keep their order
+        ids = [r.request_id for r in pending]
+        if len(set(ids)) != len(ids):
+            raise ValueError("request ids must be unique across the cluster")
+        i = 0
+        stalled = [0] * len(self.replicas)
+        while True:
+            busy = [(t, rep.index) for rep in self.replicas if (t := self._next_step(rep)) is not None]
+            step_at = min(busy) if busy else None
+            if i < len(pending) and (step_at is None or pending[i].arrival_time <= step_at[0]):
+                self._route(pending[i])
+                i += 1
+                continue
+            if step_at is None:
+                break
+            replica = self.replicas[step_at[1]]
+            self.clock = max(self.clock, step_at[0])
+            if self._step(replica) == 0:
+                stalled[replica.index] += 1
+                if stalled[replica.index] > 2:
+                    raise RuntimeError(f"replica {replica.index} made no progress at clock {self.clock}")
+            else:
+                stalled[replica.index] = 0
+        self._check_conservation(len(pending))
+        return [self.routes[rid] for rid in ids]
+
+    def _next_step(self, replica: Replica) -> float | None:
+        e = replica.engine
+        if e.waiting or e.running:
+            return e.clock
+        t = e.arrivals.next_time()
+        return None if t is None else max(e.clock, t)
+
+    def _route(self, req: Request) -> None:
+        now = req.arrival_time
+        self.clock = max(self.clock, now)
+        decision = self.router.route(req, [self.state(r) for r in self.replicas], now)
+        if not 0 <= decision.replica < len(self.replicas):
+            raise RuntimeError(
+                f"router {self.router.name} chose replica {decision.replica} of {len(self.replicas)}"
+            )
+        replica = self.replicas[decision.replica]
+        fits = req.num_tokens <= replica.cache.config.usable_tokens
+        cached = replica.cache.lookup(req).tokens if fits else 0
+        self.routes[req.request_id] = RouteRecord(
+            req.request_id, replica.index, now, req.num_prompt_tokens, decision.branch,
+            decision.predicted_tokens, cached,
+        )
+        replica.engine.add_request(req)
+        rec = replica.engine.records[req.request_id]
+        if rec.rejected:
+            self._finished(replica, req, now)
+
+    def _step(self, replica: Replica) -> int:
+        e = replica.engine
+        before = list(e.running)
+        computed = e.step()
+        done = [r for r in before if e.records[r.request_id].finish_step is not None and r not in e.running]
+        for r in done:
+            self._finished(replica, r, e.clock)
+        return computed
+
+    def _finished(self, replica: Replica, req: Request, now: float) -> None:
+        rec = replica.engine.records[req.request_id]
+        route = self.routes[req.request_id]
+        if route.hit_tokens is not None or route.rejected:
+            raise RuntimeError(f"{req.request_id} finished twice")
+        route.rejected = rec.rejected
+        if not rec.rejected:
+            route.hit_tokens = rec.hit_tokens
+            assert rec.first_token_time is not None
+            route.ttft_s = rec.first_token_time - rec.arrival_time
+        replica.finished += 1
+        self.router.on_finish(req, replica.index, now)
+
+    def _check_conservation(self, num_requests: int) -> None:
+        routed = sum(len(r.engine.records) for r in self.replicas)
+        finished = sum(r.finished for r in self.replicas)
+        if not routed == finished == len(self.routes) == num_requests:
+            raise RuntimeError(
+                f"requests not conserved: {num_requests} in, {len(self.routes)} routed, "
+                f"{routed} in engines, {finished} finished"
+            )
+        for r in self.replicas:
+            if r.engine.has_unfinished() or r.engine.num_finished != len(r.engine.records):
+                raise RuntimeError(f"replica {r.index} still holds unfinished requests")

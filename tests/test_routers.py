@@ -1,0 +1,227 @@
+"""The routers of REFERENCE-routing.md, section 4's ten scenarios by name (two replicas, "first"
+= W1 = replica 0), plus the pieces each scenario rests on. Each router follows the upstream
+version its module docstring names; where versions differ (SGLang's low-match branch) both are
+tested."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from prefixcache import Request
+from prefixcache.cluster import ReplicaState, TokenText, make_router
+from prefixcache.cluster.routers.base import chained_block_hashes
+from prefixcache.cluster.routers.dynamo import classic_cost, pick_probabilities, softmax_pick
+from prefixcache.cluster.routers.llmd import load_aware_score, prompt_block_hashes, queue_scores
+from prefixcache.cluster.routers.preble import exploits
+
+
+class Literal(TokenText):
+    """Each token is one character (its code point), so a test can route literal text."""
+
+    def spell(self, token: int) -> str:
+        return chr(token)
+
+
+def req(text: str, rid: str = "r") -> Request:
+    return Request(rid, [ord(c) for c in text])
+
+
+def states(
+    *, waiting=(0, 0), active=None, kv=(0.0, 0.0), prefill=(0, 0), decode=(0, 0)
+) -> list[ReplicaState]:
+    active = waiting if active is None else active
+    return [ReplicaState(k, active[k], waiting[k], kv[k], prefill[k], decode[k]) for k in range(2)]
+
+
+def text_of(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefghij") for _ in range(n))
+
+
+# ------------------------------------------------------------------ 1-4: SGLang cache_aware
+@pytest.mark.parametrize("version", ["gateway", "old"])
+def test_scenario_1_sglang_cache_aware_with_balanced_load(version: str) -> None:
+    r = make_router("sglang", 2, version=version, text=Literal())
+    picks = [r.route(req(t), states(), now=0.0).replica for t in ("hello world", "hello world", "hello")]
+    assert len(set(picks)) == 1
+    assert r.route(req("hello world"), states(), 0.0).branch == "cache"
+
+
+def test_scenario_2_sglang_cache_aware_with_imbalanced_load() -> None:
+    r = make_router("sglang", 2, cache_threshold=0.5, balance_abs=5, balance_rel=2, text=Literal())
+    r.load = [20, 0]
+    decisions = [r.route(req("test"), states(), 0.0) for _ in range(5)]
+    assert [d.replica for d in decisions] == [1] * 5 and {d.branch for d in decisions} == {"balance"}
+    defaults = make_router("sglang", 2)
+    for loads, imbalanced in (((64, 0), False), ((300, 250), False), ((100, 70), False),
+                              ((65, 0), True), ((300, 150), True)):
+        defaults.load = list(loads)
+        assert defaults.is_imbalanced() is imbalanced, loads
+
+
+@pytest.mark.parametrize("version", ["gateway", "old"])
+@pytest.mark.parametrize("shared, expected", [(300, 1), (301, 0)])
+def test_scenario_3_sglang_threshold_is_strict(version: str, shared: int, expected: int) -> None:
+    r = make_router("sglang", 2, version=version, text=Literal())
+    s = "s" * shared
+    r.tree.insert(s + "a" * (1000 - shared), 0, 0.0)
+    r.load = [1, 0]
+    d = r.route(req(s + "b" * (1000 - shared)), states(), 0.0)
+    assert d.replica == expected
+    low_match = {"gateway": "least-load", "old": "smallest-tree"}[version]
+    assert d.branch == ("cache" if expected == 0 else low_match)
+
+
+@pytest.mark.parametrize("version, expected", [("old", 1), ("gateway", 0)])
+def test_scenario_4_sglang_low_match_branch_differs_by_version(version: str, expected: int) -> None:
+    r = make_router("sglang", 2, version=version, text=Literal())
+    r.tree.insert("x" * 1000, 0, 0.0)
+    r.tree.insert("y" * 10, 1, 0.0)
+    r.load = [0, 3]
+    assert r.tree.size == {0: 1000, 1: 10}
+    assert r.route(req("unrelated prompt"), states(), 0.0).replica == expected
+
+
+def test_sglang_eviction_trims_each_worker_to_max_tree_size_lru_first() -> None:
+    r = make_router("sglang", 2, max_tree_size=25, eviction_interval_s=10.0, text=Literal())
+    r.tree.insert("a" * 20, 0, now=1.0)
+    r.tree.insert("b" * 20, 0, now=2.0)
+    r.route(req("c" * 5), states(), now=10.0)  # the interval has passed: evict, then route
+    assert r.tree.size[0] <= 25
+    assert r.tree.tenant_match("a" * 20, 0) == 0 and r.tree.tenant_match("b" * 20, 0) == 20
+
+
+# ------------------------------------------------------------------ 5-6: Dynamo
+@pytest.mark.parametrize("weight, expected, costs", [(1.0, 1, (32, 15)), (10.0, 0, (50, 105))])
+def test_scenario_5_dynamo_classic_cost(weight: float, expected: int, costs: tuple[int, int]) -> None:
+    assert classic_cost(160, 8, 16, 0, 30, weight) == costs[0]
+    assert classic_cost(160, 0, 16, 0, 5, weight) == costs[1]
+    r = make_router("dynamo", 2, block_size=16, overlap_weight=weight)
+    prompt = req(text_of(160, 5))
+    tokens = prompt.prompt_token_ids
+    for h in chained_block_hashes(tokens, 16)[:8]:
+        r.blocks[0][h] = math.inf  # W1 holds the first 8 blocks
+    d = r.route(prompt, states(decode=(30, 5)), 0.0)
+    assert d.replica == expected
+    assert d.predicted_tokens == (128 if expected == 0 else 0)
+
+
+def test_scenario_6_dynamo_temperature() -> None:
+    p = pick_probabilities([15, 32], temperature=1.0)
+    assert p[0] == pytest.approx(1 / (1 + math.exp(-1)), abs=1e-12) and round(p[0], 3) == 0.731
+    assert pick_probabilities([20, 20], 1.0) == [0.5, 0.5]
+    rng = random.Random(0)
+    picks = [softmax_pick([15, 32], 1.0, rng) for _ in range(20_000)]
+    assert picks.count(0) / len(picks) == pytest.approx(0.731, abs=0.01)
+    assert softmax_pick([15, 32, 15], 0.0, rng) == 0  # T=0: the cheapest, first on ties
+
+
+def test_dynamo_history_mode_remembers_routed_blocks_until_the_ttl() -> None:
+    r = make_router("dynamo", 2, block_size=4, ttl_s=120.0)
+    tokens = [ord(c) for c in text_of(66, 1)]  # 16 full blocks and 2 tokens
+    first = r.route(Request("a", tokens), states(), 0.0)
+    assert first.predicted_tokens == 0
+    again = r.route(Request("b", tokens), states(), 100.0)
+    assert (again.replica, again.predicted_tokens, again.branch) == (first.replica, 64, "cache")
+    hashes = chained_block_hashes(tokens, 4)
+    assert r.overlap(first.replica, hashes, 100.0 + 119.0) == 16  # refreshed by the second route
+    assert r.overlap(first.replica, hashes, 100.0 + 121.0) == 0  # expired
+
+
+# ------------------------------------------------------------------ 7: llm-d
+@pytest.mark.parametrize("kv_a, expected, totals", [(0.8, 1, (3.4, 3.6)), (0.5, 0, (4.0, 3.6))])
+def test_scenario_7_llmd_weighted_scorers(kv_a: float, expected: int, totals: tuple[float, float]) -> None:
+    r = make_router("llm-d", 2, text=Literal())
+    text = text_of(640, 7)
+    hashes = prompt_block_hashes(text, "model")
+    for h in hashes:
+        r.lru[0][h] = None  # pod A holds the whole prompt: prefix score 1
+    scores = {"prefix": r.prefix_scores(hashes), "queue": queue_scores([10, 0]), "kv": [1 - kv_a, 0.8]}
+    assert scores["prefix"] == [1.0, 0.0]
+    assert r.totals(scores) == pytest.approx(list(totals))
+    assert r.route(req(text), states(waiting=(10, 0), kv=(kv_a, 0.2)), 0.0).replica == expected
+
+
+def test_scenario_7_llmd_approximate_prefix_score() -> None:
+    r = make_router("llm-d", 2, text=Literal())
+    text = text_of(640, 3)
+    hashes = prompt_block_hashes(text, "model")
+    assert len(hashes) == 11  # the model block + 10 blocks of 64 characters
+    for h in hashes[:6]:  # the model block and 5 content blocks
+        r.lru[0][h] = None
+    assert r.prefix_scores(hashes)[0] == pytest.approx(6 / 11) and round(6 / 11, 3) == 0.545
+    assert len(prompt_block_hashes(text + "x" * 63, "model")) == 11  # a tail under 64 is dropped
+    assert len(prompt_block_hashes("z" * 64 * 300, "model")) == 256
+
+
+def test_llmd_queue_and_load_aware_scores() -> None:
+    assert queue_scores([3, 3]) == [1.0, 1.0] and queue_scores([10, 0, 5]) == [0.0, 1.0, 0.5]
+    assert load_aware_score(0) == 0.5 and load_aware_score(64) == 0.25 and load_aware_score(500) == 0.0
+
+
+# ------------------------------------------------------------------ 8: Ray Serve
+def test_scenario_8_ray_serve_prefix_affinity() -> None:
+    r = make_router("ray-serve", 2, text=Literal())
+    skewed = r.route(req("anything"), states(active=(12, 1)), 0.0)
+    assert (skewed.replica, skewed.branch) == (1, "power-of-two")  # two replicas: it samples both
+    assert r.route(req("another"), states(active=(10, 0)), 0.0).branch != "power-of-two"
+    r = make_router("ray-serve", 2, text=Literal())
+    held = "h" * 100
+    r.tree.insert(held, 0, 0.0)
+    low = r.route(req("h" * 5 + "q" * 95), states(), 0.0)  # rate 0.05
+    assert (low.replica, low.branch) == (1, "fewest-chars")
+    r = make_router("ray-serve", 2, text=Literal())
+    r.tree.insert(held, 0, 0.0)
+    at = r.route(req("h" * 10 + "q" * 90), states(), 0.0)  # rate exactly 0.10: not below
+    assert (at.replica, at.branch) == (0, "cache")
+
+
+# ------------------------------------------------------------------ 9: production-stack
+def test_scenario_9_production_stack_prefixaware() -> None:
+    p = text_of(300, 9)
+    for load in ((0, 0), (50, 0)):
+        r = make_router("production-stack", 2, text=Literal())
+        r.route(req(p), states(), 0.0)
+        owner = 0 if r.root.children[next(iter(r.root.children))].endpoints == {0} else 1
+        d = r.route(req(p[:200] + "Z" * 100), states(active=load), 0.0)  # chunk 0 shared
+        assert d.replica == owner and d.branch == "cache"
+    seen = set()
+    for seed in range(20):
+        r = make_router("production-stack", 2, seed=seed, text=Literal())
+        r.route(req(p), states(), 0.0)
+        d = r.route(req(p[:100] + "Z" * 200), states(), 0.0)  # chunk 0 differs: no match
+        assert d.branch == "random"
+        seen.add(d.replica)
+    assert seen == {0, 1}
+
+
+# ------------------------------------------------------------------ 10: Preble
+def test_scenario_10_preble_exploit_or_explore() -> None:
+    assert exploits(cached=6000, new=1200)
+    assert not exploits(cached=500, new=3000)
+    assert not exploits(cached=1000, new=1000)  # strict
+    r = make_router("preble", 2)
+    shared = list(range(1, 6001))
+    r.route(Request("a", shared + [7] * 100), states(active=(0, 0)), 0.0)
+    first = next(iter(r.tree.root.children.values())).tenants
+    owner = next(iter(first))
+    d = r.route(Request("b", shared + [9] * 1200), states(active=(0, 0)), 1.0)
+    assert (d.replica, d.branch) == (owner, "exploit")
+    d = r.route(Request("c", shared[:500] + [11] * 3000), states(), 2.0)
+    assert d.branch == "explore"
+
+
+def test_unknown_router_and_bad_options_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="unknown router"):
+        make_router("nginx", 2)
+    with pytest.raises(ValueError, match="version"):
+        make_router("sglang", 2, version="v9")
+    with pytest.raises(ValueError, match="cost"):
+        make_router("dynamo", 2, cost="cheap")
+    with pytest.raises(ValueError, match="scorers"):
+        make_router("llm-d", 2, weights={"prefix": 1, "latency": 1})
+    with pytest.raises(ValueError, match="num_replicas"):
+        make_router("round-robin", 0)
