@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import pytest
+from prefixcache.experiments.analysis.routing import active_over_time
 from prefixcache.experiments.inputs.workloads import make_workload
 
 from prefixcache import CacheConfig, Engine, make_cache
@@ -52,6 +53,10 @@ def test_every_request_is_routed_once_and_finishes_once_and_no_page_leaks(router
     in_arrival_order = [q.request_id for q in sorted(reqs, key=lambda q: q.arrival_time)]
     assert [r.request_id for r in rows] == in_arrival_order
     assert sum(rep.finished for rep in c.replicas) == len(reqs)
+    # the load events: one per routing and per finish; in time order, never below 0, ending idle
+    assert len(c.load_events) == 2 * len(reqs)
+    times, active = active_over_time(c.load_events, 3)
+    assert active.min() >= 0 and not active[-1].any()
     for rep in c.replicas:
         assert not rep.cache.live_requests
         u = rep.cache.usage()

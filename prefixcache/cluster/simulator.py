@@ -80,6 +80,9 @@ class Cluster:
         self.router = router
         self.routes: dict[str, RouteRecord] = {}
         self.clock = 0.0
+        # (time, replica, +1 routed / -1 finished), in event order: a finish is logged at its
+        # step's end, which may be later than an arrival routed while the step ran
+        self.load_events: list[tuple[float, int, int]] = []
         router.attach(self)
 
     # ---------------------------------------------------------------- what a router sees
@@ -154,6 +157,7 @@ class Cluster:
             decision.predicted_tokens, cached,
         )
         replica.engine.add_request(req)
+        self.load_events.append((now, replica.index, 1))
         rec = replica.engine.records[req.request_id]
         if rec.rejected:
             self._finished(replica, req, now)
@@ -178,6 +182,7 @@ class Cluster:
             assert rec.first_token_time is not None
             route.ttft_s = rec.first_token_time - rec.arrival_time
         replica.finished += 1
+        self.load_events.append((now, replica.index, -1))
         self.router.on_finish(req, replica.index, now)
 
     def _check_conservation(self, num_requests: int) -> None:
