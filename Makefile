@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	# torch first and exactly: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[test,paper,dev,ray]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,paper,dev,ray,events]'
 	touch $(STAMP)
 
 setup: $(STAMP)
