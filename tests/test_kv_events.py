@@ -110,3 +110,14 @@ def test_publisher_rejects_bad_sizes() -> None:
     pytest.importorskip("zmq")
     with pytest.raises(ValueError, match="buffer_steps"):
         kv_events.ZmqEventPublisher("tcp://127.0.0.1:0", buffer_steps=0)
+
+
+def test_in_process_stream_numbers_batches_and_reaches_every_subscriber() -> None:
+    stream = kv_events.EventStream()
+    early: list[int] = []
+    stream.subscribe(lambda seq, batch: early.append(seq))
+    stream.publish(KVEventBatch(ts=0.0, events=[]))
+    late: list[float] = []
+    stream.subscribe(lambda seq, batch: late.append(batch.ts))
+    assert stream.publish(KVEventBatch(ts=1.0, events=[AllBlocksCleared()])) == 1
+    assert early == [0, 1] and late == [1.0]  # a subscriber sees what comes after it joined
