@@ -225,3 +225,57 @@ def test_unknown_router_and_bad_options_are_value_errors() -> None:
         make_router("llm-d", 2, weights={"prefix": 1, "latency": 1})
     with pytest.raises(ValueError, match="num_replicas"):
         make_router("round-robin", 0)
+
+
+# ------------------------------------------------------------------ exact routers: KV events
+def stored(tokens, hashes, parent=None, block_size=4, group=0):
+    ev = pytest.importorskip("prefixcache.kv_events")
+    return ev.BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=list(tokens),
+                          block_size=block_size, lora_id=None, medium="GPU", lora_name=None, group_idx=group)
+
+
+def removed(hashes, group=0):
+    ev = pytest.importorskip("prefixcache.kv_events")
+    return ev.BlockRemoved(block_hashes=list(hashes), medium="GPU", group_idx=group)
+
+
+def test_block_index_follows_stored_removed_and_cleared_events() -> None:
+    ev = pytest.importorskip("prefixcache.kv_events")
+    from prefixcache.cluster.routers.event_index import BlockIndex
+
+    tokens = list(range(100, 120))  # 5 blocks of 4
+    want = chained_block_hashes(tokens, 4)
+    index = BlockIndex(2, block_size=4)
+    index.apply(0, 0, [stored(tokens[:12], [b"e0", b"e1", b"e2"])])
+    index.apply(0, 1, [stored(tokens[12:20], [b"e3", b"e4"], parent=b"e2")])
+    assert index.overlap(0, want) == 5 and index.overlap(1, want) == 0
+    index.apply(0, 2, [stored(tokens[:3], [b"p"], block_size=3),  # a partial block: not indexed
+                       stored(tokens[:4], [b"w0"], group=1),  # another KV-cache group
+                       stored([9, 9, 9, 9], [b"x"], parent=b"never-seen")])
+    assert index.held[0] == set(want)
+    index.apply(0, 5, [removed([b"e3"])])  # batches 3-4 were lost
+    assert index.overlap(0, want) == 3 and index.gaps[0] == [(3, 4)]
+    index.apply(0, 6, [ev.AllBlocksCleared()])
+    assert index.overlap(0, want) == 0 and not index.held[0]
+
+
+def test_dynamo_with_kv_events_routes_to_the_replica_whose_events_show_the_prefix() -> None:
+    r = make_router("dynamo", 2, block_size=4, use_kv_events=True)
+    tokens = list(range(200, 240))
+    r.on_events(1, 0, [stored(tokens[:32], [f"b{i}".encode() for i in range(8)])], now=0.0)
+    d = r.route(Request("q", tokens), states(), 1.0)
+    assert (d.replica, d.predicted_tokens, d.branch) == (1, 32, "cache")
+    assert not r.blocks[1], "the event mode keeps no routing history"
+    r.on_events(1, 1, [removed([b"b0"])], now=2.0)
+    assert r.route(Request("q2", tokens), states(), 3.0).predicted_tokens == 0
+
+
+def test_llmd_precise_scorer_reads_the_event_index_min_max_normalised() -> None:
+    r = make_router("llm-d", 2, prefix="precise", block_size=4, weights={"prefix": 3, "queue": 2})
+    tokens = list(range(300, 340))
+    r.on_events(0, 0, [stored(tokens[:16], [f"c{i}".encode() for i in range(4)])], now=0.0)
+    # A: 4 blocks (prefix 1), queue 5 (score 0) = 3; B: prefix 0, queue 0 (score 1) = 2 -> A
+    d = r.route(Request("q", tokens), states(waiting=(5, 0)), 1.0)
+    assert (d.replica, d.predicted_tokens) == (0, 16)
+    with pytest.raises(ValueError, match="prefix"):
+        make_router("llm-d", 2, prefix="exactish")

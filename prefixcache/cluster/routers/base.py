@@ -1,6 +1,7 @@
 """What a router sees and decides. Routers are small and stateful: ``route`` picks a replica for
 one request at one time and says what it expects to be reused there; ``on_finish`` tells it
-that a request finished (only routers that count their own load listen)."""
+that a request finished (only routers that count their own load listen), ``on_events`` hands
+it a replica's KV events (only the exact routers listen)."""
 
 from __future__ import annotations
 
@@ -55,19 +56,29 @@ class Router(ABC):
         """``req`` finished on ``replica`` (routers that count their own load decrement)."""
         return None
 
+    def on_events(self, replica: int, seq: int, events: Sequence[Any], now: float) -> None:
+        """A batch of ``replica``'s KV events (sequence number ``seq``) reached the router
+        (exact routers index them; the others ignore them)."""
+        return None
+
 
 def least_loaded(loads: Sequence[float]) -> int:
     """The index of the smallest load, the first on ties."""
     return min(range(len(loads)), key=loads.__getitem__)
 
 
+def chain_hash(parent: int, block_tokens: Sequence[int]) -> int:
+    """A router's own hash of one block after its parent's (xxh64 over both)."""
+    h = xxhash.xxh64(parent.to_bytes(8, "little"))
+    h.update(b"".join(t.to_bytes(4, "little") for t in block_tokens))
+    return h.intdigest()
+
+
 def chained_block_hashes(tokens: Sequence[int], block_size: int, seed: int = 0) -> list[int]:
-    """A router's own chained hash of each full block of ``tokens`` (xxh64 over the parent hash
-    and the block's token ids): equal lists mean equal prefixes, as vLLM's hashes do."""
+    """The router's chained hash of each full block of ``tokens``: equal lists mean equal
+    prefixes, as vLLM's hashes do."""
     out, parent = [], seed
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        h = xxhash.xxh64(parent.to_bytes(8, "little"))
-        h.update(b"".join(t.to_bytes(4, "little") for t in tokens[start : start + block_size]))
-        parent = h.intdigest()
+        parent = chain_hash(parent, tokens[start : start + block_size])
         out.append(parent)
     return out

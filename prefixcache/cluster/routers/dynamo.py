@@ -1,10 +1,10 @@
 """NVIDIA Dynamo's KV router (``lib/kv-router/src/scheduling/selector.rs``).
 
-State: which blocks each worker holds, by chained block hash. Dynamo's default feeds it from the
-workers' KV events; our backends do not emit vLLM's events yet, so only the ``--no-kv-events``
-mode is here: the router's own record of the blocks of each routed request, each expiring
-``ttl_s`` after it was routed. Overlap = consecutive held blocks
-from block 0. Costs (lower wins), B = block size, ISL = the prompt's tokens:
+State: which blocks each worker holds, by chained block hash: with ``use_kv_events=True``
+(Dynamo's default) an exact index fed by the workers' KV events (``event_index.BlockIndex``);
+otherwise (``--no-kv-events``, our default until every backend emits events) the router's own
+record of the blocks of each routed request, each expiring ``ttl_s`` after it was routed.
+Overlap = consecutive held blocks from block 0. Costs (lower wins), B = block size, ISL = the prompt's tokens:
 
 - ``"classic"`` (v0.x): ``w * (active_prefill + ISL - overlap * B) / B + decode_blocks``;
 - ``"current"``: ``prefill_load_scale * max(0, (active_prefill + ISL) / B - credit * overlap)
@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import Any
 
 from prefixcache.cluster.routers.base import ReplicaState, Route, Router, chained_block_hashes
+from prefixcache.cluster.routers.event_index import BlockIndex
 from prefixcache.request import Request
 
 COSTS = ("classic", "current")
@@ -74,6 +76,7 @@ class DynamoKV(Router):
         credit: float = 1.0,
         active_request_weight: float = 0.0,
         temperature: float = 0.0,
+        use_kv_events: bool = False,
         ttl_s: float = 120.0,
     ) -> None:
         super().__init__(num_replicas, seed=seed)
@@ -91,8 +94,11 @@ class DynamoKV(Router):
         self.ttl_s = ttl_s
         self.rng = random.Random(seed)
         self.blocks: list[dict[int, float]] = [{} for _ in range(num_replicas)]  # hash -> expiry
+        self.index = BlockIndex(num_replicas, block_size) if use_kv_events else None
 
     def overlap(self, worker: int, hashes: Sequence[int], now: float) -> int:
+        if self.index is not None:
+            return self.index.overlap(worker, hashes)
         held = self.blocks[worker]
         n = 0
         for h in hashes:
@@ -115,8 +121,13 @@ class DynamoKV(Router):
         hashes = chained_block_hashes(tokens, self.block_size)
         overlaps = [self.overlap(k, hashes, now) for k in range(self.num_replicas)]
         k = softmax_pick(self.costs(len(tokens), overlaps, replicas), self.temperature, self.rng)
-        expiry = now + self.ttl_s
-        for h in hashes:
-            self.blocks[k][h] = expiry
+        if self.index is None:
+            expiry = now + self.ttl_s
+            for h in hashes:
+                self.blocks[k][h] = expiry
         predicted = min(overlaps[k] * self.block_size, len(tokens) - 1)
         return Route(k, predicted, "cache" if overlaps[k] else "load")
+
+    def on_events(self, replica: int, seq: int, events: Sequence[Any], now: float) -> None:
+        if self.index is not None:
+            self.index.apply(replica, seq, events)

@@ -8,8 +8,9 @@ at random, seeded; ``tie_break="round-robin"`` for the newer rule). Scorers:
   blocks (a tail shorter than a block is dropped, at most ``max_blocks``), chained xxh64, with
   block 0 the model's hash; each pod keeps an LRU of the last ``lru_capacity`` block hashes
   routed to it; score = consecutive blocks held from block 0 / blocks. The picked pod's blocks
-  are added after the pick. (The precise scorer, fed by vLLM's KV events, comes with the
-  backends' events.)
+  are added after the pick. ``prefix="precise"`` (llm-d's precise prefix-cache scorer) reads
+  an exact index fed by the pods' KV events instead (``event_index.BlockIndex``, blocks of the
+  engine's ``block_size``): consecutive blocks held from block 0, min-max normalised over pods.
 - ``queue``: ``(max_q - q) / (max_q - min_q)``, 1 for every pod if all queues are equal.
 - ``kv``: ``1 - kv_usage``.
 - ``load-aware``: 0.5 if the queue is empty, else ``0.5 * (1 - min(q, 128) / 128)``.
@@ -22,10 +23,12 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import xxhash
 
-from prefixcache.cluster.routers.base import ReplicaState, Route, Router
+from prefixcache.cluster.routers.base import ReplicaState, Route, Router, chained_block_hashes
+from prefixcache.cluster.routers.event_index import BlockIndex
 from prefixcache.cluster.text import TokenText
 from prefixcache.request import Request
 
@@ -70,6 +73,8 @@ class LLMD(Router):
         model: str = "model",
         tie_break: str = "random",
         text: TokenText | None = None,
+        prefix: str = "approximate",
+        block_size: int = 16,
     ) -> None:
         super().__init__(num_replicas, seed=seed)
         self.weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
@@ -83,6 +88,9 @@ class LLMD(Router):
         self.lru_capacity = lru_capacity
         self.model = model
         self.tie_break = tie_break
+        if prefix not in ("approximate", "precise"):
+            raise ValueError(f"prefix must be 'approximate' or 'precise', got {prefix!r}")
+        self.index = BlockIndex(num_replicas, block_size) if prefix == "precise" else None
         self.text = text if text is not None else TokenText(seed)
         self.rng = random.Random(seed)
         self._rr = 0
@@ -114,15 +122,11 @@ class LLMD(Router):
 
     def route(self, req: Request, replicas: Sequence[ReplicaState], now: float) -> Route:
         tokens = req.prompt_token_ids
+        if self.index is not None:
+            return self._route_precise(req, replicas)
         text = self.text.text(tokens)
         hashes = prompt_block_hashes(text, self.model, self.block_chars, self.max_blocks)
-        queues = [r.waiting for r in replicas]
-        scores = {
-            "prefix": self.prefix_scores(hashes),
-            "queue": queue_scores(queues),
-            "kv": [1 - r.kv_usage for r in replicas],
-            "load-aware": [load_aware_score(q) for q in queues],
-        }
+        scores = {"prefix": self.prefix_scores(hashes), **self.load_scores(replicas)}
         k = self.pick(self.totals(scores))
         matched = round(scores["prefix"][k] * len(hashes))
         lru = self.lru[k]
@@ -135,3 +139,23 @@ class LLMD(Router):
         chars = max(matched - 1, 0) * self.block_chars
         predicted = min(self.text.tokens_within(tokens, chars), len(tokens) - 1)
         return Route(k, predicted, "cache" if matched > 1 else "load")
+
+    def load_scores(self, replicas: Sequence[ReplicaState]) -> dict[str, list[float]]:
+        queues = [r.waiting for r in replicas]
+        return {"queue": queue_scores(queues), "kv": [1 - r.kv_usage for r in replicas],
+                "load-aware": [load_aware_score(q) for q in queues]}
+
+    def _route_precise(self, req: Request, replicas: Sequence[ReplicaState]) -> Route:
+        assert self.index is not None
+        tokens = req.prompt_token_ids
+        hashes = chained_block_hashes(tokens, self.index.block_size)
+        overlaps = [self.index.overlap(k, hashes) for k in range(self.num_replicas)]
+        lo, hi = min(overlaps), max(overlaps)
+        prefix = [0.0 if hi == lo else (o - lo) / (hi - lo) for o in overlaps]
+        k = self.pick(self.totals({"prefix": prefix, **self.load_scores(replicas)}))
+        predicted = min(overlaps[k] * self.index.block_size, len(tokens) - 1)
+        return Route(k, predicted, "cache" if overlaps[k] else "load")
+
+    def on_events(self, replica: int, seq: int, events: Sequence[Any], now: float) -> None:
+        if self.index is not None:
+            self.index.apply(replica, seq, events)
