@@ -148,6 +148,33 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
 }
 # A mutant of these files runs these suites instead of SUITES (the kernel's own tests).
 SUITES_BY_FILE = {"kernels/paged_attention.py": ["tests/test_kernel.py"]}
+# Mutant sets kept beside the suites that catch them: each module has MUTANTS (same shape as
+# above) and SUITES (what a mutant of it runs instead).
+MUTANT_MODULES = [
+    "tests.mutants_hybrid_kernel",
+    "tests.mutants_hybrid_hashchain",
+    "tests.mutants_hybrid_radix",
+    "tests.mutants_mamba_radix",
+]
+
+
+def all_mutants() -> dict[str, tuple[str, str, str, list[str]]]:
+    """name -> (file, original, mutated, the suites that must catch it)."""
+    import importlib
+
+    out = {name: (rel, a, b, SUITES_BY_FILE.get(rel, SUITES)) for name, (rel, a, b) in MUTANTS.items()}
+    for module_name in MUTANT_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != module_name:
+                raise
+            continue
+        for name, (rel, a, b) in module.MUTANTS.items():
+            if name in out:
+                raise ValueError(f"mutant {name!r} is defined twice")
+            out[name] = (rel, a, b, list(module.SUITES))
+    return out
 
 
 def run_suites(suites: list[str]) -> bool:
@@ -156,9 +183,12 @@ def run_suites(suites: list[str]) -> bool:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True).returncode == 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.mutants [SUBSTRING]``: every mutant, or those whose name contains it."""
+    only = (sys.argv[1:] if argv is None else argv) or [""]
+    mutants = {k: v for k, v in all_mutants().items() if only[0] in k}
     survivors = []
-    for name, (rel, original, mutated) in MUTANTS.items():
+    for name, (rel, original, mutated, suites) in mutants.items():
         path = ROOT / rel
         source = path.read_text()
         if original not in source:
@@ -173,13 +203,13 @@ def main() -> int:
             continue
         try:
             path.write_text(source.replace(original, mutated))
-            caught = not run_suites(SUITES_BY_FILE.get(rel, SUITES))
+            caught = not run_suites(suites)
         finally:
             path.write_text(source)
         print(f"{'caught  ' if caught else 'SURVIVED'}  {name}")
         if not caught:
             survivors.append(name)
-    print(f"{len(MUTANTS) - len(survivors)} of {len(MUTANTS)} mutants caught")
+    print(f"{len(mutants) - len(survivors)} of {len(mutants)} mutants caught")
     return 1 if survivors else 0
 
 
