@@ -296,6 +296,13 @@ class PrefixCache(ABC, Generic[S]):
         """
         return [self.page_table(req)]
 
+    def take_events(self) -> list[object]:
+        """The KV events (``prefixcache.kv_events``: BlockStored, BlockRemoved,
+        AllBlocksCleared, vLLM's schema) since the last call, for a cache made with
+        ``kv_events=True`` (vLLM's ``enable_kv_cache_events``); what vLLM's engine drains from
+        its block pool each step. Backends that emit override it."""
+        raise NotImplementedError(f"the {self.name} backend emits no KV events")
+
     def evict(self, num_tokens: int) -> int:
         """Drop unpinned cached KV of at least ``num_tokens`` tokens if there is that much.
 

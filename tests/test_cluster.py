@@ -121,3 +121,42 @@ def test_bad_clusters_are_value_errors() -> None:
     reqs[1].request_id = reqs[0].request_id
     with pytest.raises(ValueError, match="unique"):
         Cluster(caches, make_router("round-robin", 2)).run(reqs)
+
+
+def test_kv_events_reach_the_router_late_by_the_lag_and_lost_batches_leave_sequence_gaps() -> None:
+    ev = pytest.importorskip("prefixcache.kv_events")
+    from prefixcache.backends.radix import RadixPrefixCache
+
+    from prefixcache.cluster.routers.simple import RoundRobin
+
+    class Ticking(RadixPrefixCache):  # one event per step: the delivery is what is tested
+        def take_events(self) -> list:
+            return [ev.AllBlocksCleared()]
+
+    class Recorder(RoundRobin):
+        def __init__(self, n: int) -> None:
+            super().__init__(n)
+            self.seen: list[tuple[int, int, float]] = []
+            self.decided_at: list[float] = []
+
+        def on_events(self, replica, seq, events, now) -> None:
+            self.seen.append((replica, seq, now))
+
+        def route(self, req, replicas, now):
+            assert all(due <= now for _, _, due in self.seen), "an event arrived before it was due"
+            self.decided_at.append(now)
+            return super().route(req, replicas, now)
+
+    router = Recorder(2)
+    c = Cluster([Ticking(CacheConfig(4096, 1)) for _ in range(2)], router, kv_events=True, event_lag_s=0.5,
+                event_loss=0.3)
+    c.run(requests("shared-doc-qa", spacing_s=0.2))
+    assert router.seen and c.events_lost > 0
+    for k in range(2):
+        seqs = [s for r, s, _ in router.seen if r == k]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    delivered = len(router.seen)
+    sent = sum(c._event_seq)
+    assert delivered + c.events_lost + len(c._in_flight) == sent
+    with pytest.raises(ValueError, match="event_loss"):
+        Cluster([Ticking(CacheConfig(4096, 1))], RoundRobin(1), kv_events=True, event_loss=1.0)

@@ -15,7 +15,9 @@ the chosen replica's cache held at routing time and what the request actually re
 
 from __future__ import annotations
 
+import heapq
 import math
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +64,9 @@ class Cluster:
         cost_model: CostModel | None = None,
         seed: int = 0,
         check_invariants: bool = False,
+        kv_events: bool = False,
+        event_lag_s: float = 0.0,
+        event_loss: float = 0.0,
     ) -> None:
         if not caches:
             raise ValueError("a cluster needs at least one replica")
@@ -71,6 +76,8 @@ class Cluster:
             )
         if len({id(c) for c in caches}) != len(caches):
             raise ValueError("each replica needs its own cache object")
+        if event_lag_s < 0 or not 0 <= event_loss < 1:
+            raise ValueError(f"need event_lag_s >= 0, 0 <= event_loss < 1: {event_lag_s}, {event_loss}")
         cm = cost_model if cost_model is not None else CostModel.measured()
         self.replicas = [
             Replica(i, c, Engine(c, scheduler, token_budget, cost_model=cm, seed=seed,
@@ -83,6 +90,17 @@ class Cluster:
         # (time, replica, +1 routed / -1 finished), in event order: a finish is logged at its
         # step's end, which may be later than an arrival routed while the step ran
         self.load_events: list[tuple[float, int, int]] = []
+        # KV events: each replica's batch after each step, delivered event_lag_s later; a lost
+        # batch still takes its sequence number, so the router sees the gap.
+        self.kv_events = kv_events
+        self.event_lag_s = event_lag_s
+        self.event_loss = event_loss
+        self._event_rng = random.Random(seed)
+        self._event_seq = [0] * len(caches)
+        # (due time, send order, replica, seq, events)
+        self._in_flight: list[tuple[float, int, int, int, list[Any]]] = []
+        self._sent = 0
+        self.events_lost = 0
         router.attach(self)
 
     # ---------------------------------------------------------------- what a router sees
@@ -144,6 +162,7 @@ class Cluster:
     def _route(self, req: Request) -> None:
         now = req.arrival_time
         self.clock = max(self.clock, now)
+        self._deliver_events(now)
         decision = self.router.route(req, [self.state(r) for r in self.replicas], now)
         if not 0 <= decision.replica < len(self.replicas):
             raise RuntimeError(
@@ -166,10 +185,29 @@ class Cluster:
         e = replica.engine
         before = list(e.running)
         computed = e.step()
+        if self.kv_events:
+            self._send_events(replica, e.clock)
         done = [r for r in before if e.records[r.request_id].finish_step is not None and r not in e.running]
         for r in done:
             self._finished(replica, r, e.clock)
         return computed
+
+    def _send_events(self, replica: Replica, now: float) -> None:
+        events = replica.cache.take_events()
+        if not events:
+            return
+        seq = self._event_seq[replica.index]
+        self._event_seq[replica.index] += 1
+        if self.event_loss and self._event_rng.random() < self.event_loss:
+            self.events_lost += 1
+            return
+        heapq.heappush(self._in_flight, (now + self.event_lag_s, self._sent, replica.index, seq, events))
+        self._sent += 1
+
+    def _deliver_events(self, now: float) -> None:
+        while self._in_flight and self._in_flight[0][0] <= now:
+            due, _, k, seq, events = heapq.heappop(self._in_flight)
+            self.router.on_events(k, seq, events, due)
 
     def _finished(self, replica: Replica, req: Request, now: float) -> None:
         rec = replica.engine.records[req.request_id]
