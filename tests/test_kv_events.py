@@ -21,7 +21,7 @@ from prefixcache.kv_events import (  # noqa: E402
     encode,
 )
 
-FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "vllm_kv_events.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "upstream" / "events" / "vllm_kv_events.json"
 KINDS = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCleared": AllBlocksCleared}
 
 

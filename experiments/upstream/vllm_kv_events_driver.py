@@ -10,37 +10,76 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from prefixcache.experiments.upstream import shim  # noqa: F401  (must precede vllm)
 from vllm.distributed.kv_events import (  # noqa: E402
+    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEventBatch,
 )
-from vllm.distributed.kv_events import MEDIUM_GPU  # noqa: E402
-import msgspec  # noqa: E402
 
-FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "upstream" / "vllm_kv_events.json"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "upstream"
+FIXTURE = FIXTURES / "events" / "vllm_kv_events.json"
 
 # Each case: the fields as plain JSON (bytes as hex), which the test rebuilds with our classes.
 CASES: list[dict[str, Any]] = [
-    {"ts": 1.5, "rank": None, "events": [
-        {"kind": "BlockStored", "block_hashes": ["aa" * 32, "bb" * 32], "parent_block_hash": None,
-         "token_ids": list(range(32)), "block_size": 16, "lora_id": None, "medium": MEDIUM_GPU,
-         "lora_name": None, "group_idx": 0},
-    ]},
-    {"ts": 2.25, "rank": 3, "events": [
-        {"kind": "BlockStored", "block_hashes": ["cc" * 32], "parent_block_hash": "bb" * 32,
-         "token_ids": [7] * 16, "block_size": 16, "lora_id": None, "medium": MEDIUM_GPU,
-         "lora_name": "adapter", "extra_keys": [["adapter", "salt"]], "group_idx": 1,
-         "kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": 128},
-        {"kind": "BlockRemoved", "block_hashes": ["aa" * 32], "medium": MEDIUM_GPU, "group_idx": 0},
-        {"kind": "AllBlocksCleared"},
-    ]},
-    {"ts": 0.0, "rank": 0, "events": [
-        {"kind": "BlockStored", "block_hashes": [12345], "parent_block_hash": 999, "token_ids": [1, 2],
-         "block_size": 2, "lora_id": None, "medium": None, "lora_name": None},
-    ]},
+    {
+        "ts": 1.5,
+        "rank": None,
+        "events": [
+            {
+                "kind": "BlockStored",
+                "block_hashes": ["aa" * 32, "bb" * 32],
+                "parent_block_hash": None,
+                "token_ids": list(range(32)),
+                "block_size": 16,
+                "lora_id": None,
+                "medium": MEDIUM_GPU,
+                "lora_name": None,
+                "group_idx": 0,
+            },
+        ],
+    },
+    {
+        "ts": 2.25,
+        "rank": 3,
+        "events": [
+            {
+                "kind": "BlockStored",
+                "block_hashes": ["cc" * 32],
+                "parent_block_hash": "bb" * 32,
+                "token_ids": [7] * 16,
+                "block_size": 16,
+                "lora_id": None,
+                "medium": MEDIUM_GPU,
+                "lora_name": "adapter",
+                "extra_keys": [["adapter", "salt"]],
+                "group_idx": 1,
+                "kv_cache_spec_kind": "sliding_window",
+                "kv_cache_spec_sliding_window": 128,
+            },
+            {"kind": "BlockRemoved", "block_hashes": ["aa" * 32], "medium": MEDIUM_GPU, "group_idx": 0},
+            {"kind": "AllBlocksCleared"},
+        ],
+    },
+    {
+        "ts": 0.0,
+        "rank": 0,
+        "events": [
+            {
+                "kind": "BlockStored",
+                "block_hashes": [12345],
+                "parent_block_hash": 999,
+                "token_ids": [1, 2],
+                "block_size": 2,
+                "lora_id": None,
+                "medium": None,
+                "lora_name": None,
+            },
+        ],
+    },
 ]
 
 
