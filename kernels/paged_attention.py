@@ -15,6 +15,7 @@ positions of the sequence, so causality is aligned to the end::
 
     query i of sequence b sits at position  p_i = seq_len_b - q_len_b + i
     and attends to the KV positions         [0, p_i]
+    or, with a sliding window of W tokens,  [p_i - W + 1, p_i]   (vLLM's ``sliding_window``)
 
     out[i, h] = softmax_j(scale * q[i, h] . k[j, h // G]) @ v[j, h // G]      G = Hq // Hkv
 
@@ -41,6 +42,12 @@ writes its partial output and log-sum-exp, and a second kernel combines the ``S`
     out = sum_s 2^(lse_s - M) * o_s / sum_s 2^(lse_s - M)        M = max_s lse_s  (base 2)
 
 ``choose_num_kv_splits`` picks ``S`` from the batch, the context and the device's SM count.
+
+Sliding window: a program starts its walk at the tile holding the window start of its first
+query and masks the rest of that tile, so the tiles left of every query's window are never
+loaded, nor their page-table entries read. That skipping is the point of a window on a GPU:
+work and KV traffic per query are O(W) instead of O(context), and the pages left of the window
+(freed, page 0 in the table) are never touched. Splits divide the windowed range only.
 
 Batch invariance: with ``batch_invariant=True`` the tile shape is fixed (the largest ``BLOCK_Q``,
 whatever the longest query), query blocks start at multiples of ``BLOCK_Q`` in absolute
@@ -112,7 +119,7 @@ def _paged_attention_kernel(
     stride_pb,
     num_splits,  # S: program_id(0) is q_block * S + split
     split_len,  # KV positions per split, a multiple of BLOCK_N
-
+    window,  # SLIDING only: a query at p sees KV positions [p - window + 1, p]
     GROUP: tl.constexpr,  # query heads per KV head, Hq // Hkv
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two (tile shapes must be)
     HEAD_DIM: tl.constexpr,
@@ -123,6 +130,7 @@ def _paged_attention_kernel(
     DOT_FP32: tl.constexpr,  # upcast operands to fp32 before tl.dot (fp32 inputs, interpreter)
     SPLIT: tl.constexpr,  # write partials for the combine kernel instead of the output
     ALIGN_Q: tl.constexpr,  # align query blocks to absolute positions (batch invariance)
+    SLIDING: tl.constexpr,  # sliding-window attention (``window``)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
     q_block = tl.program_id(0) // num_splits
@@ -162,14 +170,24 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(logit - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running sum of p @ v
 
-    # The last query of this block sees positions < kv_end; nothing after it is read. A split
-    # walks its own range [kv_lo, kv_hi) of it, in the unsplit walk's tiles.
+    # The last query of this block sees positions < kv_end; nothing after it is read.
     kv_end = tl.minimum(seq_len, prefix_len + first + BLOCK_Q)
-    kv_lo = split * split_len
+    kv_start = 0
+    if SLIDING:
+        # The block's first real query sees positions >= win_lo, every later query a suffix
+        # of that: the walk starts at win_lo's tile (positions stay tile-aligned in absolute
+        # terms, as in the unsplit, unwindowed walk) and loads nothing left of win_lo.
+        win_lo = prefix_len + tl.maximum(first, 0) - window + 1
+        kv_start = tl.maximum(win_lo, 0) // BLOCK_N * BLOCK_N
+    # A split walks its own range [kv_lo, kv_hi) of [kv_start, kv_end), in the same tiles.
+    kv_lo = kv_start + split * split_len
     kv_hi = tl.minimum(kv_end, kv_lo + split_len)
     for start in range(kv_lo, kv_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] KV positions of this tile
         n_ok = n < kv_hi
+        if SLIDING:
+            # Left of win_lo the page may be freed (page 0 in the table): never read it.
+            n_ok = n_ok & (n >= win_lo)
         # Gather: each position's page id, then its slot. int64: a layer's pool can pass 2**31.
         page = tl.load(PAGE_TABLE + seq * stride_pb + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
         slot = n % PAGE_SIZE
@@ -192,8 +210,12 @@ def _paged_attention_kernel(
         # exp2(-inf - -inf) would be NaN. What a row sees is a prefix of the walk, so once it
         # sees a position its max is finite and earlier all-masked garbage is rescaled by
         # exp2(-1e30 - m) = 0; a split row that saw nothing ends with max -1e30, which gives it
-        # weight 0 in the combine (split 0 holds position 0, which every query sees).
+        # weight 0 in the combine (some split holds the query's own position, which it sees).
+        # With a window, a row's visible positions are [q_pos - window + 1, q_pos]: still a
+        # contiguous run of the walk, so the same argument holds.
         visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        if SLIDING:
+            visible = visible & (n[None, :] >= q_pos[:, None] - window + 1)
         qk = tl.where(visible, qk * scale_log2e, -1.0e30)
 
         m_new = tl.maximum(m_i, tl.max(qk, 1))  # [BLOCK_M]
@@ -246,7 +268,7 @@ def _combine_splits_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     lse = tl.load(LSE + t * stride_lt + h * stride_lh + s, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
-    # Split 0 holds position 0, which every query sees: the max is finite.
+    # Some split holds the query's own position, which it always sees: the max is finite.
     w = tl.math.exp2(lse - tl.max(lse, 0))  # [BLOCK_S]; 0 for empty and padding splits
     p_ptrs = PARTIAL + t * stride_pt + h * stride_ph + s[:, None] * stride_ps + d[None, :]
     partial = tl.load(p_ptrs, mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
@@ -340,23 +362,48 @@ def check_lengths(
     return int(q_lens.max()) if len(q_lens) else 0
 
 
+def check_sliding_window(sliding_window: int | None) -> None:
+    """None (full attention) or a positive int number of tokens; else a ValueError."""
+    if sliding_window is None:
+        return
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+        raise ValueError(f"sliding_window must be None or a positive int (tokens), got {sliding_window!r}")
+
+
+def kv_span(max_seq_len: int, max_q_len: int, sliding_window: int | None) -> int:
+    """The most KV positions one program's walk covers: the whole context, or with a window
+    the run from the tile of its first query's window start to its last query (the block's
+    ``min(BLOCK_Q, max_q_len)`` queries span W + q - 1 positions, the tile start up to
+    BLOCK_N - 1 more)."""
+    if sliding_window is None:
+        return max_seq_len
+    return min(max_seq_len, sliding_window + max_q_len - 1 + BLOCK_N - 1)
+
+
 def choose_num_kv_splits(
-    batch: int, num_kv_heads: int, max_q_len: int, max_seq_len: int, num_sms: int
+    batch: int,
+    num_kv_heads: int,
+    max_q_len: int,
+    max_seq_len: int,
+    num_sms: int,
+    sliding_window: int | None = None,
 ) -> int:
     """How many KV splits a launch should use (flash-decoding's heuristic, ours in detail).
 
     Only decode batches (one new token per sequence) split: extend and prefill have a program
     per block of query tokens already. A decode batch has ``batch * num_kv_heads`` programs;
     splitting multiplies that until every SM has ``PROGRAMS_PER_SM`` of them, as long as each
-    split keeps ``MIN_TILES_PER_SPLIT`` tiles and there are at most ``MAX_KV_SPLITS``.
+    split keeps ``MIN_TILES_PER_SPLIT`` tiles and there are at most ``MAX_KV_SPLITS``. With a
+    sliding window only the tiles of the window count: a long context behind it is never read.
     """
     for name, value in (("batch", batch), ("num_kv_heads", num_kv_heads), ("num_sms", num_sms)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    check_sliding_window(sliding_window)
     if max_q_len != 1 or max_seq_len <= 0:
         return 1
     wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, batch * num_kv_heads)
-    longest = triton.cdiv(max_seq_len, BLOCK_N * MIN_TILES_PER_SPLIT)
+    longest = triton.cdiv(kv_span(max_seq_len, 1, sliding_window), BLOCK_N * MIN_TILES_PER_SPLIT)
     return max(1, min(wanted, longest, MAX_KV_SPLITS))
 
 
@@ -387,6 +434,7 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_kv_splits: int | None = None,
     batch_invariant: bool = False,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal (end-aligned) attention of the packed new tokens ``q`` over the paged KV cache.
 
@@ -405,9 +453,13 @@ def paged_attention(
                   1: no split. Any value is exact up to rounding (tests check 1..MAX_KV_SPLITS).
     batch_invariant: fix the reduction order of every query whatever the batch around it
                   (one tile shape, no split); ``num_kv_splits`` must then be None or 1.
+    sliding_window: None (full causal attention) or W: a query at position p sees the KV
+                  positions [p - W + 1, p]. Page-table entries of positions left of every
+                  query's window are never read (they may be 0, the null page).
     returns:      [T, Hq, D] in q's dtype
     """
     check_layout(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens)
+    check_sliding_window(sliding_window)
     if max_q_len is None:
         max_q_len = check_lengths(q, k_cache, page_table, cu_seqlens_q, seq_lens)
     if num_kv_splits is not None and not 1 <= num_kv_splits <= MAX_KV_SPLITS:
@@ -441,18 +493,21 @@ def paged_attention(
         if max_q_len == 1 and max_seq_len is None:
             max_seq_len = int(seq_lens.max())
         num_kv_splits = choose_num_kv_splits(
-            batch, num_kv_heads, max_q_len, max_seq_len or 0, _num_sms(q.device)
+            batch, num_kv_heads, max_q_len, max_seq_len or 0, _num_sms(q.device), sliding_window
         )
     split = num_kv_splits > 1
     if split:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
         # Tile-aligned ranges: a split is whole tiles of the unsplit walk.
-        split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_kv_splits), BLOCK_N) * BLOCK_N
-        partial = torch.empty(num_tokens, num_q_heads, num_kv_splits, head_dim, dtype=torch.float32,
-                              device=q.device)  # [T, Hq, S, D]
-        lse = torch.empty(num_tokens, num_q_heads, num_kv_splits, dtype=torch.float32,
-                          device=q.device)  # [T, Hq, S]
+        span = kv_span(max(max_seq_len, 1), min(block_q, max_q_len), sliding_window)
+        split_len = triton.cdiv(triton.cdiv(span, num_kv_splits), BLOCK_N) * BLOCK_N
+        partial = torch.empty(
+            num_tokens, num_q_heads, num_kv_splits, head_dim, dtype=torch.float32, device=q.device
+        )  # [T, Hq, S, D]
+        lse = torch.empty(
+            num_tokens, num_q_heads, num_kv_splits, dtype=torch.float32, device=q.device
+        )  # [T, Hq, S]
         target, lse_strides = partial, (lse.stride(0), lse.stride(1))
     else:
         split_len = UNSPLIT_LEN
@@ -471,7 +526,7 @@ def paged_attention(
         target.stride(0), target.stride(1), target.stride(2) if split else 0,
         *lse_strides,
         page_table.stride(0),
-        num_kv_splits, split_len,
+        num_kv_splits, split_len, sliding_window or 0,
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
@@ -482,6 +537,7 @@ def paged_attention(
         DOT_FP32=dot_fp32,
         SPLIT=split,
         ALIGN_Q=batch_invariant,
+        SLIDING=sliding_window is not None,
         num_warps=4,
         num_stages=2,
     )  # fmt: skip

@@ -147,7 +147,11 @@ class Engine:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            start = req.num_computed_tokens
+            n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget)
+            if n == 0:  # the cache wants this chunk to wait (an aligned end is out of reach)
+                i += 1
+                continue
             while not self._allocate(req, n):
                 victim = running.pop()  # the latest admitted goes first, as in vLLM
                 self._preempt(victim)
@@ -180,7 +184,10 @@ class Engine:
             # have evicted or cached blocks), else the one lookup of this decision.
             match = plan.matches.get(req.request_id)
             match = self._lookup(req) if match is None else self._timed(req, self.cache.revalidate, match)
-            n = min(req.num_tokens - match.tokens, budget)
+            start = match.tokens  # the chunk begins after the hit
+            n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget)
+            if n == 0:
+                break
             if not self._allocate(req, n, match):
                 break
             rec = self.records[req.request_id]
@@ -343,7 +350,7 @@ class Engine:
         chunks = []
         for req, n in scheduled:
             start = req.num_computed_tokens
-            table = self._timed(req, self.cache.page_table)
-            chunks.append(SeqChunk(list(req.all_token_ids[start : start + n]), start, table))
+            tables = self._timed(req, self.cache.page_tables)  # one per cache.kv_groups() entry
+            chunks.append(SeqChunk(list(req.all_token_ids[start : start + n]), start, tables[0], tables))
         logits = self.model.step(chunks)  # type: ignore[union-attr]  # [B, vocab]
         return [int(t) for t in logits.argmax(dim=-1).tolist()]

@@ -58,7 +58,7 @@ class KVGroup:
 
 
 class PageUsage(NamedTuple):
-    """Where the usable pages are; the three add up to ``config.num_usable_pages``.
+    """Where the usable pages are; the three add up to ``PrefixCache.num_usable_pages()``.
 
     free:      hold nothing reusable.
     evictable: hold cached KV that no running request pins (reclaimable on demand).
@@ -334,6 +334,18 @@ class PrefixCache(ABC, Generic[S]):
     def live_requests(self) -> list[Request]:
         return [live.request for live in self._live.values()]
 
+    def prefill_chunk(self, req: Request, start: int, num_new_tokens: int, max_chunk: int) -> int:
+        """How many of the ``num_new_tokens`` from token ``start`` on that a scheduler offers
+        ``req`` this step it should compute (``max_chunk``: the step's token limit); 0 means wait
+        for a later step. Default: all. vLLM's Mamba "align" mode ends prefill chunks on block
+        boundaries, because a recurrent state is cached only where a chunk ends."""
+        return num_new_tokens
+
+    def num_usable_pages(self) -> int:
+        """Pages ``usage`` accounts for: ``config.num_usable_pages``, unless the backend sizes
+        its pool from the model's layout (vLLM's KV-cache groups over one pool)."""
+        return self.config.num_usable_pages
+
     @abstractmethod
     def usage(self) -> PageUsage:
         """Where the usable pages are now (free / evictable / in use)."""
@@ -342,10 +354,8 @@ class PrefixCache(ABC, Generic[S]):
         """Raise InvariantError unless the bookkeeping is consistent. Backends extend this."""
         u = self.usage()
         ensure(min(u) >= 0, f"negative page count in {u}")
-        ensure(
-            sum(u) == self.config.num_usable_pages,
-            f"pages free + evictable + in use = {sum(u)} != {self.config.num_usable_pages} usable",
-        )
+        usable = self.num_usable_pages()
+        ensure(sum(u) == usable, f"pages free + evictable + in use = {sum(u)} != {usable} usable")
         for rid, live in self._live.items():
             req = live.request
             ensure(rid == req.request_id, f"live entry {rid!r} holds request {req.request_id!r}")
@@ -430,11 +440,12 @@ class PrefixCache(ABC, Generic[S]):
                 f"{req.num_tokens} known tokens"
             )
         need = self._min_pages_to_fit(total_tokens)
-        if need > self.config.num_usable_pages:
+        usable = self.num_usable_pages()
+        if need > usable:
+            p = self.page_size
             raise ValueError(
                 f"request {req.request_id!r} needs {total_tokens} tokens ({need} pages{self._layout_note()}) "
-                f"but the whole cache holds {self.config.usable_tokens} ({self.config.num_usable_pages} "
-                f"usable pages of {self.page_size})"
+                f"but the whole cache holds {usable * p} ({usable} usable pages of {p})"
             )
 
     def _min_pages_to_fit(self, num_tokens: int) -> int:

@@ -12,12 +12,13 @@ from prefixcache.interface import PrefixCache
 _BACKENDS: dict[str, str] = {
     "none": "prefixcache.backends.none:NoCache",
     "hashchain": "prefixcache.backends.hashchain:HashChainCache",
-    "radix": "prefixcache.backends.radix:RadixPrefixCache",
+    "radix": "prefixcache.backends.radix:make_radix_cache",
 }
 
 
 def register_backend(name: str, target: str) -> None:
-    """Register ``"package.module:ClassName"`` under ``name`` (one line per new backend)."""
+    """Register ``"package.module:ClassName"`` (or a function of the same call: config and
+    keywords) under ``name`` (one line per new backend)."""
     if ":" not in target:
         raise ValueError(f"target must look like 'package.module:ClassName', got {target!r}")
     _BACKENDS[name] = target

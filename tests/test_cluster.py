@@ -60,7 +60,7 @@ def test_every_request_is_routed_once_and_finishes_once_and_no_page_leaks(router
     for rep in c.replicas:
         assert not rep.cache.live_requests
         u = rep.cache.usage()
-        assert u.in_use == 0 and sum(u) == rep.cache.config.num_usable_pages
+        assert u.in_use == 0 and sum(u) == rep.cache.num_usable_pages()
         rep.cache.check_invariants()
     for row in rows:
         assert not row.rejected and row.hit_tokens is not None and row.ttft_s is not None and row.ttft_s >= 0

@@ -3,7 +3,8 @@
 Files follow the article's layers, named as vLLM names them: hashing (hash_block_tokens,
 NONE_HASH, extra keys, BlockHasher), block (KVCacheBlock), free_queue (FreeKVCacheBlockQueue),
 hash_map and block_pool (BlockPool), single_type_kv_cache_manager (FullAttentionManager,
-SlidingWindowManager), kv_cache_coordinator (Unitary / Hybrid), kv_cache_manager
+SlidingWindowManager), mamba_manager (MambaManager, "align"), kv_cache_coordinator (Unitary /
+Hybrid), kv_cache_planning (KV-cache groups and pool from a layout), kv_cache_manager
 (KVCacheManager), and backend (HashChainCache, the PrefixCache adapter).
 """
 

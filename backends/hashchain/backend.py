@@ -14,11 +14,22 @@ from typing import cast
 from prefixcache.backends.hashchain.hashing import get_hash_fn, group_id_suffix
 from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks
 from prefixcache.backends.hashchain.kv_cache_manager import KVCacheManager
+from prefixcache.backends.hashchain.kv_cache_planning import (
+    hybrid_block_size,
+    partial_hash_hits_enabled,
+    plan_kv_cache_groups,
+    resolve_hash_block_size,
+)
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import AttentionGroupSpec
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import Match, PageUsage, PrefixCache, ensure
+from prefixcache.interface import KVGroup, Match, PageUsage, PrefixCache, ensure
 from prefixcache.request import Request
+
+# vLLM 0.33's engine default (``CacheConfig.prefix_cache_retention_interval``, copied into the
+# KVCacheConfig by kv_cache_planning.py): sliding-window groups hash only the window tails a
+# hit can resume at. None is dense (the KVCacheConfig dataclass default, older vLLM).
+ENGINE_DEFAULT_RETENTION_INTERVAL = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -26,6 +37,7 @@ class BlockMatch(Match):
     """``get_computed_blocks``' result, handed to ``allocate_slots`` as vLLM does."""
 
     blocks: KVCacheBlocks  # the hit blocks of each group
+    shared_prefix_boundary: int = 0  # vLLM 0.33: a junction sparse retention must keep (0: none)
 
 
 class HashChainCache(PrefixCache[KVCacheBlocks]):
@@ -38,10 +50,29 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
     eviction_policy: "lru" (vLLM: the free queue's order) or any other name of
                     ``prefixcache.eviction_policies("hashchain")``: ranks the free cached leaf
                     blocks (ours, backends/hashchain/eviction.py)
-    attention_groups: KV-cache groups of a hybrid model, e.g. [("full",), ("sliding_window", 128)];
-                    default one full-attention group. Several groups share one block pool
-                    (kv_cache_coordinator.py); ``page_table`` shows group 0, ``page_tables``
-                    every group.
+    attention_groups: the explicit low-level form: KV-cache groups, e.g. [("full",),
+                    ("sliding_window", 128)], over ``config.num_pages`` blocks. With neither
+                    this nor a hybrid ``config.layout``: one full-attention group. A hybrid
+                    layout instead forms vLLM's groups from the layers (kv_cache_planning.py)
+                    and sizes the pool from ``config.layer_token_budget`` as vLLM does:
+                    budget // (block_size x layers per group) blocks. Giving both is an error.
+                    ``page_table`` shows group 0 (from a layout: the first full-attention
+                    group), ``page_tables`` every group.
+    prefix_cache_retention_interval: which sliding-window blocks get a hash (vLLM 0.33):
+                    0 (default, vLLM's engine default): only the window tail at the replay
+                    boundary (prompt - 1) and at a shared-prefix junction; None: every full
+                    block (dense); k > 0 (a multiple of the block size): also one tail per k
+                    tokens. Full-attention groups always hash every block.
+    free_skipped_on_failure: False (ours, the contract: a failed allocate changes nothing) or
+                    True (vLLM 0.33: a running request's out-of-window blocks are freed at
+                    the start of every allocate, even one that then fails).
+    prefix_match_unit: vLLM's ``--prefix-match-unit`` (= hash_block_size). Every group here
+                    has the block size: with one group only it (or None) is valid; with
+                    several, any divisor, and hits stay aligned to the block size. Where vLLM
+                    would enable partial (sub-block) hits (a Mamba group, no sliding window)
+                    it is a ValueError: we have no partial hits. Hashes are computed per
+                    unit and a block keyed by its last unit's hash, as vLLM does (hits and
+                    block ids are the same as with the unit = the block size).
 
     A live request's state is its block list per group: the very lists the single-type
     managers keep in ``req_to_blocks`` (vLLM's owner of them), not copies.
@@ -58,31 +89,87 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         unhashed_first: bool = True,
         attention_groups: Sequence[object] | None = None,
         eviction_policy: str = "lru",
+        prefix_cache_retention_interval: int | None = ENGINE_DEFAULT_RETENTION_INTERVAL,
+        prefix_match_unit: int | None = None,
+        free_skipped_on_failure: bool = False,
     ) -> None:
         super().__init__(config)
         if not isinstance(unhashed_first, bool):
             raise ValueError(f"unhashed_first must be a bool, got {unhashed_first!r}")
         self.hash_fn_name = hash_fn
-        groups = [("full",)] if attention_groups is None else list(attention_groups)
-        if not groups:
-            raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
-        self.attention_groups = [AttentionGroupSpec.parse(g) for g in groups]
+        num_blocks = config.num_pages
+        block_size = config.page_size
+        # The model layers of each group: every layer in the one group of a plain model;
+        # none known for the explicit attention_groups form.
+        group_layers: list[tuple[int, ...]]
+        if config.is_hybrid:
+            if attention_groups is not None:
+                raise ValueError(
+                    "give either a hybrid config.layout or attention_groups=, not both "
+                    "(the layout forms vLLM's KV-cache groups itself)"
+                )
+            plan = plan_kv_cache_groups(config.model_layout)
+            self.attention_groups = [g.spec for g in plan.groups]
+            group_layers = [g.layers for g in plan.groups]
+            self.num_padding_layers = plan.num_padding_layers
+            # vLLM raises the block so a page holds a Mamba state: pages are that many tokens.
+            block_size = self.page_size = hybrid_block_size(config.model_layout, config.page_size)
+            num_blocks = plan.num_blocks(config.layer_token_budget, block_size)
+            if num_blocks < 2:
+                raise ValueError(
+                    f"the layout's {len(plan.groups)} KV-cache groups of {plan.group_size} layers get "
+                    f"{num_blocks} block(s) from a budget of {config.layer_token_budget} layer-tokens; "
+                    "at least 2 are needed (block 0 is the null block)"
+                )
+        else:
+            groups = [("full",)] if attention_groups is None else list(attention_groups)
+            if not groups:
+                raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
+            self.attention_groups = [AttentionGroupSpec.parse(g) for g in groups]
+            all_layers = tuple(range(config.model_layout.num_layers))
+            group_layers = [all_layers if attention_groups is None else () for _ in self.attention_groups]
+            self.num_padding_layers = 0
+        self.scheduler_block_size, self.hash_block_size = resolve_hash_block_size(
+            [block_size] * len(self.attention_groups), prefix_match_unit
+        )
+        if partial_hash_hits_enabled(
+            [g.kind for g in self.attention_groups], block_size, self.hash_block_size
+        ):
+            # vLLM would hit inside a block here (copy-on-write of the Mamba state); we cannot.
+            raise ValueError(
+                "prefix_match_unit below the block size with Mamba and no sliding window enables "
+                "vLLM's partial hits, which are not supported"
+            )
+        self.prefix_cache_retention_interval = prefix_cache_retention_interval
         self.manager = KVCacheManager(
-            config.num_pages,
-            config.page_size,
+            num_blocks,
+            block_size,
             get_hash_fn(hash_fn),
             self.attention_groups,
             free_order=free_order,
             unhashed_first=unhashed_first,
             eviction_policy=eviction_policy,
+            prefix_cache_retention_interval=prefix_cache_retention_interval,
+            free_skipped_on_failure=free_skipped_on_failure,
+            hash_block_size=self.hash_block_size,
+        )
+        # ``page_table``'s group: group 0 (the explicit form, a plain model); from a layout the
+        # first full-attention group (vLLM may order a Mamba or window group first).
+        kinds = [g.kind for g in self.attention_groups]
+        self.primary_group = kinds.index("full") if config.is_hybrid and "full" in kinds else 0
+        self._kv_groups = tuple(
+            KVGroup(spec.kind, spec.sliding_window, "blocks", block_size, num_blocks, layers)
+            for spec, layers in zip(self.attention_groups, group_layers, strict=True)
         )
         self.block_pool = self.manager.block_pool
+        self._has_mamba = "mamba" in kinds  # prefill chunks end on block boundaries (prefill_chunk)
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
 
     # ---------------------------------------------------------------- hooks
     def _match(self, req: Request) -> BlockMatch:
-        blocks, hit = self.manager.get_computed_blocks(req)
-        return BlockMatch(self, req, req.num_tokens, hit, self._index_version(), blocks)
+        hit = self.manager.get_cache_hit(req)
+        junction = self.manager.junction(hit)
+        return BlockMatch(self, req, req.num_tokens, hit.length, self._index_version(), hit.blocks, junction)
 
     def _index_version(self) -> int:
         return self.block_pool.cached_block_hash_to_block.version
@@ -90,8 +177,11 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
     def _revalidate(self, match: Match) -> BlockMatch:
         """What still holds of the hit, and what was cached since: exactly a fresh lookup."""
         m = cast(BlockMatch, match)
-        blocks, hit = self.manager.revalidate_computed_blocks(m.request, m.blocks)
-        return BlockMatch(self, m.request, m.num_tokens, hit, self._index_version(), blocks)
+        hit = self.manager.revalidate_computed_blocks(m.request, m.blocks)
+        junction = self.manager.junction(hit)
+        return BlockMatch(
+            self, m.request, m.num_tokens, hit.length, self._index_version(), hit.blocks, junction
+        )
 
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> KVCacheBlocks | None:
         m = cast(BlockMatch, match)
@@ -99,7 +189,9 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         # caller left there if we fail, so that a failed allocate changes nothing.
         prior = req.num_computed_tokens
         req.num_computed_tokens = 0
-        new_blocks = self.manager.allocate_slots(req, num_new_tokens, m.tokens, m.blocks)
+        new_blocks = self.manager.allocate_slots(
+            req, num_new_tokens, m.tokens, m.blocks, m.shared_prefix_boundary
+        )
         self._sync_evictions()
         if new_blocks is None:
             req.num_computed_tokens = prior
@@ -119,7 +211,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
 
     def _commit(self, req: Request, state: KVCacheBlocks) -> None:
         # Nothing to publish: full blocks were cached at allocation (vLLM). Only check.
-        held = len(state[0])
+        held = len(state[self.primary_group])
         if held * self.page_size < req.num_computed_tokens:  # the message only on failure
             ensure(False, f"{req.request_id!r} committed {req.num_computed_tokens} tokens into {held} blocks")
 
@@ -127,7 +219,12 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         self.manager.free(req)
 
     def _page_table(self, req: Request, state: KVCacheBlocks) -> list[int]:
-        return [b.block_id for b in state[0]]
+        return [b.block_id for b in state[self.primary_group]]
+
+    def kv_groups(self) -> tuple[KVGroup, ...]:
+        """One KVGroup per vLLM KV-cache group, all in the one pool "blocks" (padding layers,
+        which hold memory but no model layer, are not listed)."""
+        return self._kv_groups
 
     def page_tables(self, req: Request) -> list[list[int]]:
         """One page table per attention group (null block 0 where a window skipped a block)."""
@@ -139,6 +236,38 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
 
     def _layout_note(self) -> str:
         return f" over {len(self.attention_groups)} attention groups"
+
+    def prefill_chunk(self, req: Request, start: int, num_new_tokens: int, max_chunk: int) -> int:
+        """vLLM 0.33's ``Scheduler._mamba_block_aligned_split`` for a model with a Mamba group
+        (a state is written where a chunk ends, and cached only at block boundaries):
+
+        - a chunk short of the prefill's end ends on a block boundary, unless that leaves
+          nothing and a block is wider than a step (then it advances sub-block);
+        - then it stops at the first mandatory position strictly inside it: the next boundary
+          if it starts mid-block, and the last boundary a hit can resume at
+          (``get_mamba_prefill_checkpoint_position``: ``num_tokens - 1`` floored to a block).
+
+        Not modelled: the shared-prefix junction stop (``enable_mamba_shared_prefix_checkpoint``,
+        off by default) and partial-block checkpoints (we have no partial Mamba hits)."""
+        if not self._has_mamba:
+            return num_new_tokens
+        B = self.page_size
+        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
+        end = start + num_new_tokens
+        if start >= prefill_end:
+            return num_new_tokens
+        if end < prefill_end:
+            aligned = end // B * B
+            if aligned > start or max_chunk >= B:
+                end = aligned
+        next_boundary = (start // B + 1) * B if start % B else 0
+        last_cache_position = max((req.num_tokens - 1) // B * B, 0)
+        end = min((stop for stop in (next_boundary, last_cache_position) if start < stop < end), default=end)
+        return max(end - start, 0)
+
+    def num_usable_pages(self) -> int:
+        """The block pool, which a hybrid layout sizes from the memory budget (vLLM)."""
+        return self.block_pool.num_gpu_blocks - 1
 
     def _evict(self, num_tokens: int) -> int:
         dropped = self.block_pool.evict_lru_blocks(-(-num_tokens // self.page_size))
@@ -168,7 +297,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         return PageUsage(
             free=num_free - pool.num_cached_free_blocks,
             evictable=pool.num_cached_free_blocks,
-            in_use=self.config.num_usable_pages - num_free,
+            in_use=pool.num_gpu_blocks - 1 - num_free,
         )
 
     def check_invariants(self) -> None:
@@ -191,7 +320,9 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             for rid, blocks in req_to_blocks.items():
                 ensure(num_cached_block[rid] <= len(blocks), f"{rid!r} cached more blocks than it holds")
                 num_nulls = sum(1 for b in blocks if b.is_null)
-                if windowed:
+                if manager.spec.kind == "mamba":
+                    num_nulls = 0  # only the live states are real; nulls anywhere between them
+                elif windowed:
                     # Out-of-window blocks are nulled from the left: the nulls are a prefix.
                     ensure(
                         all(b.is_null for b in blocks[:num_nulls]), f"{rid!r}: a null block after a real one"
@@ -199,6 +330,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 else:
                     ensure(num_nulls == 0, f"{rid!r} holds the null block in full-attention group {group_id}")
                 for b in blocks[num_nulls:]:
+                    if b.is_null and manager.spec.kind == "mamba":
+                        continue
                     ensure(b is not self.block_pool.null_block, f"{rid!r} holds the null block")
                     ensure(b.block_id not in held_by[rid], f"{rid!r} holds block {b.block_id} twice")
                     held_by[rid].add(b.block_id)

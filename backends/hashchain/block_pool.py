@@ -87,35 +87,45 @@ class BlockPool:
         num_cached_blocks: int,
         num_full_blocks: int,
         num_prompt_blocks: int = 0,
+        block_mask: Sequence[bool] | None = None,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their keys.
 
         vLLM takes the request and the group id; we take the request's keys of that group
         (``RequestHashes.keys``, built once per block), so the pool stays hash-agnostic.
         ``num_prompt_blocks``: blocks wholly inside the prompt (the ``priority`` policy's input).
+        ``block_mask`` (vLLM 0.33): one flag per block of that range; a False block stays
+        unhashed (sparse sliding-window retention: no hit can ever read it).
         """
         if num_cached_blocks >= num_full_blocks:
             return
         if len(block_keys) < num_full_blocks:
             raise ValueError(f"{num_full_blocks} full blocks but only {len(block_keys)} block keys")
+        if block_mask is not None and len(block_mask) != num_full_blocks - num_cached_blocks:
+            raise ValueError(
+                f"block_mask has {len(block_mask)} flags for {num_full_blocks - num_cached_blocks} blocks"
+            )
         new_blocks: list[KVCacheBlock] = []
         keys: list[BlockHashWithGroupId] = []
+        cached_at: list[int] = []  # the indices just hashed
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:  # sliding-window placeholder: nothing to cache
                 continue
+            if block_mask is not None and not block_mask[i - num_cached_blocks]:
+                continue
             block.block_hash = block_keys[i]  # raises if it has one
             new_blocks.append(block)
             keys.append(block_keys[i])
+            cached_at.append(i)
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
         ranked = self.ranked
         if ranked is not None:
             now = ranked.tick()
-            for i in range(num_cached_blocks, num_full_blocks):
-                if not blocks[i].is_null:
-                    before = blocks[i - 1] if i else None
-                    parent = before if before is not None and before.block_hash is not None else None
-                    ranked.cached(blocks[i], parent, i, i < num_prompt_blocks, now)
+            for i in cached_at:
+                before = blocks[i - 1] if i else None
+                parent = before if before is not None and before.block_hash is not None else None
+                ranked.cached(blocks[i], parent, i, i < num_prompt_blocks, now)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` from the head; a popped cached block loses its hash now."""

@@ -150,20 +150,31 @@ def generate_block_hash_extra_keys(req: Request, start: int, end: int) -> tuple[
 
 
 class RequestHashes:
-    """One request's block hashes, and the hash-map keys built from them per group."""
+    """One request's block hashes, and the hash-map keys built from them per group.
 
-    __slots__ = ("hashes", "_keys")
+    ``hashes`` are per hash unit (vLLM's hash_block_size); a block of ``units_per_block`` units
+    is keyed by the hash at its last unit (vLLM 0.33 ``BlockHashListWithBlockSize``)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("hashes", "units_per_block", "_keys")
+
+    def __init__(self, units_per_block: int = 1) -> None:
         self.hashes: list[BlockHash] = []
+        self.units_per_block = units_per_block
         self._keys: dict[int, list[BlockHashWithGroupId]] = {}
 
+    @property
+    def num_blocks(self) -> int:
+        """Full blocks hashed so far."""
+        return len(self.hashes) // self.units_per_block
+
     def keys(self, group_id: int) -> list[BlockHashWithGroupId]:
-        """The keys of group ``group_id`` for every hash so far (each key is built once)."""
+        """The keys of group ``group_id`` for every full block so far (each built once)."""
         keys = self._keys.setdefault(group_id, [])
-        if len(keys) < len(self.hashes):
+        n, u = self.num_blocks, self.units_per_block
+        if len(keys) < n:
             suffix = group_id_suffix(group_id)  # as make_block_hash_with_group_id, per list
-            keys += [h + suffix for h in self.hashes[len(keys) :]]  # type: ignore[misc]
+            # block i ends at unit (i + 1) * u - 1
+            keys += [h + suffix for h in self.hashes[(len(keys) + 1) * u - 1 : n * u : u]]  # type: ignore[misc]
         return keys
 
 
@@ -175,10 +186,13 @@ class BlockHasher:
     does and is never looked up by a cache it does not belong to.
     """
 
-    __slots__ = ("block_size", "hash_fn", "none_hash", "_of")
+    __slots__ = ("block_size", "hash_fn", "none_hash", "units_per_block", "_of")
 
-    def __init__(self, block_size: int, hash_fn: HashFn) -> None:
+    def __init__(self, block_size: int, hash_fn: HashFn, units_per_block: int = 1) -> None:
+        """``block_size``: the tokens each hash covers (vLLM's hash_block_size); a cache block
+        is ``units_per_block`` of them."""
         self.block_size = block_size
+        self.units_per_block = units_per_block
         self.hash_fn = hash_fn
         self.none_hash = none_hash(hash_fn)
         self._of: weakref.WeakKeyDictionary[Request, RequestHashes] = weakref.WeakKeyDictionary()
@@ -187,7 +201,7 @@ class BlockHasher:
         """``req``'s hashes of all its full blocks (only blocks full since the last call are hashed)."""
         record = self._of.get(req)
         if record is None:
-            record = self._of[req] = RequestHashes()
+            record = self._of[req] = RequestHashes(self.units_per_block)
         hashes = record.hashes
         size = self.block_size
         start = len(hashes) * size

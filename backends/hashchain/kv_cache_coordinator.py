@@ -2,40 +2,93 @@
 ``kv_cache_coordinator.py``).
 
 ``UnitaryKVCacheCoordinator`` serves one group (every plain model), ``HybridKVCacheCoordinator``
-several (full attention beside sliding window). Both share every write-path step below; they
-differ only in how the hit that all groups accept is found.
+several (full attention beside sliding-window and Mamba groups). Both share every write-path
+step below; they differ only in how the hit that all groups accept is found.
 
 Capacity: one BlockPool shared by every group; a request holds one block list per group, each
-block from the shared pool. (vLLM sizes one pool of ``num_blocks`` ids and gives each group its
-own tensors of that many blocks, so a block id means the same slot in each group's tensor; here
-a block id belongs to one group at a time, so a request of n blocks in two full-attention groups
-takes 2n pages. We chose this because our pool is counted in pages: equal configs give every
-backend the same memory.)
+block from the shared pool, and a block id belongs to one group at a time (vLLM: the groups'
+j-th layers share one tensor of ``num_blocks`` pages, so an id is one page in each of a group's
+layers). A layout sizes the pool as vLLM does, budget // (block_size x layers per group)
+(kv_cache_planning.py); the explicit ``attention_groups=`` form takes ``config.num_pages``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockPool
 from prefixcache.backends.hashchain.hashing import RequestHashes
+from prefixcache.backends.hashchain.mamba_manager import MambaManager
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import (
     AttentionGroupSpec,
+    FullAttentionManager,
     SingleTypeKVCacheManager,
-    make_single_type_manager,
+    SlidingWindowManager,
 )
 
 KVCacheBlocks = tuple[list[KVCacheBlock], ...]  # one block list per group, index = group id
 
 
+def make_single_type_manager(
+    spec: AttentionGroupSpec, block_pool: BlockPool, block_size: int, group_id: int
+) -> SingleTypeKVCacheManager:
+    if spec.kind == "full":
+        return FullAttentionManager(spec, block_pool, block_size, group_id)
+    if spec.kind == "mamba":
+        return MambaManager(spec, block_pool, block_size, group_id)
+    return SlidingWindowManager(spec, block_pool, block_size, group_id)
+
+
+class CacheHit(NamedTuple):
+    """``find_longest_cache_hit``'s answer in vLLM 0.33: the hit blocks of every group, the
+    hit length, and ``num_uncached_common_prefix_tokens`` (how much longer some group's own
+    hit was: a shared prefix a sparse-retention group has not hashed yet; 0 unless hybrid)."""
+
+    blocks: KVCacheBlocks
+    length: int
+    num_uncached_common_prefix_tokens: int
+
+
+def check_retention_interval(
+    retention_interval: int | None, attention_groups: Sequence[AttentionGroupSpec], block_size: int
+) -> None:
+    """vLLM 0.33 ``_validate_prefix_cache_retention_interval``."""
+    if retention_interval is None:
+        return
+    if isinstance(retention_interval, bool) or not isinstance(retention_interval, int):
+        raise ValueError(
+            f"prefix_cache_retention_interval must be None or an int, got {retention_interval!r}"
+        )
+    if not any(spec.kind in ("sliding_window", "mamba") for spec in attention_groups):
+        if retention_interval == 0:
+            return
+        raise ValueError(
+            "prefix_cache_retention_interval is set but there is no sliding-window or Mamba group, "
+            "so it has no effect; set it to 0 or None"
+        )
+    if retention_interval < 0 or retention_interval % block_size != 0:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and a "
+            f"multiple of the block size ({block_size})"
+        )
+
+
 class KVCacheCoordinator(ABC):
     def __init__(
-        self, attention_groups: Sequence[AttentionGroupSpec], block_pool: BlockPool, block_size: int
+        self,
+        attention_groups: Sequence[AttentionGroupSpec],
+        block_pool: BlockPool,
+        block_size: int,
+        retention_interval: int | None = None,
     ) -> None:
+        check_retention_interval(retention_interval, attention_groups, block_size)
         self.block_pool = block_pool
         self.block_size = block_size
+        # None: every full block hashed (dense); 0: vLLM's engine default (sparse windows).
+        self.retention_interval = retention_interval
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             make_single_type_manager(spec, block_pool, block_size, i)
             for i, spec in enumerate(attention_groups)
@@ -43,15 +96,20 @@ class KVCacheCoordinator(ABC):
         self._empty: KVCacheBlocks = tuple([] for _ in self.single_type_managers)
 
     @abstractmethod
+    def find_cache_hit(self, hashes: RequestHashes, max_length: int) -> CacheHit:
+        """The hit every group accepts (<= max_length tokens), as vLLM 0.33 returns it."""
+
     def find_longest_cache_hit(self, hashes: RequestHashes, max_length: int) -> tuple[KVCacheBlocks, int]:
         """The hit blocks of every group and the hit length in tokens (<= max_length)."""
+        blocks, length, _ = self.find_cache_hit(hashes, max_length)
+        return blocks, length
 
     def revalidate_cache_hit(
         self, hashes: RequestHashes, hit_blocks: KVCacheBlocks, max_length: int
-    ) -> tuple[KVCacheBlocks, int]:
-        """``find_longest_cache_hit`` again after the index changed, given an earlier hit.
+    ) -> CacheHit:
+        """``find_cache_hit`` again after the index changed, given an earlier hit.
         Hybrid: looked up afresh (the fixed point may land anywhere)."""
-        return self.find_longest_cache_hit(hashes, max_length)
+        return self.find_cache_hit(hashes, max_length)
 
     def empty_blocks(self) -> KVCacheBlocks:
         """No hit (vLLM's ``empty_kv_cache_blocks``; read, never written)."""
@@ -92,10 +150,22 @@ class KVCacheCoordinator(ABC):
         return max(num_full - m.num_cached_block[request_id] for m in self.single_type_managers)
 
     def cache_blocks(
-        self, hashes: RequestHashes, request_id: str, num_tokens: int, num_prompt_tokens: int = 0
+        self,
+        hashes: RequestHashes,
+        request_id: str,
+        num_tokens: int,
+        num_prompt_tokens: int = 0,
+        shared_prefix_boundary: int = 0,
     ) -> None:
+        # vLLM 0.33 ``replay_boundaries`` (no EAGLE): a resend of the prompt resumes at
+        # prompt - 1; a sibling sharing a prefix at the junction found at its admission.
+        boundaries = [num_prompt_tokens - 1]
+        if shared_prefix_boundary:
+            boundaries.append(shared_prefix_boundary)
         for manager in self.single_type_managers:
-            manager.cache_blocks(hashes, request_id, num_tokens, num_prompt_tokens)
+            manager.cache_blocks(
+                hashes, request_id, num_tokens, num_prompt_tokens, self.retention_interval, boundaries
+            )
 
     def free(self, request_id: str, reverse: bool) -> None:
         """Each group frees its blocks, group 0 first, each last block first when ``reverse``."""
@@ -128,16 +198,21 @@ class KVCacheCoordinator(ABC):
         total = 0
         for manager in self.single_type_managers:
             window = manager.spec.sliding_window
-            total += num_blocks if window is None else min(num_blocks, -(-(window - 1) // self.block_size))
+            if manager.spec.kind == "mamba":
+                total += min(num_blocks, 1)  # one live state
+            else:
+                total += (
+                    num_blocks if window is None else min(num_blocks, -(-(window - 1) // self.block_size))
+                )
         return total
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """One KV-cache group: its manager's hit is the hit."""
 
-    def find_longest_cache_hit(self, hashes: RequestHashes, max_length: int) -> tuple[KVCacheBlocks, int]:
+    def find_cache_hit(self, hashes: RequestHashes, max_length: int) -> CacheHit:
         blocks, length = self.single_type_managers[0].find_longest_cache_hit(hashes, max_length, [0])
-        return tuple(blocks), length
+        return CacheHit(tuple(blocks), length, 0)
 
     def min_blocks_to_fit(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # one full-attention group holds every block
@@ -163,7 +238,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def revalidate_cache_hit(
         self, hashes: RequestHashes, hit_blocks: KVCacheBlocks, max_length: int
-    ) -> tuple[KVCacheBlocks, int]:
+    ) -> CacheHit:
         """The earlier hit's leading blocks that a lookup would still return (each still the
         first block under its key), then the walk resumed from there: exactly a fresh lookup,
         probing the map once per block and hashing nothing."""
@@ -178,28 +253,36 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         blocks = hit_blocks[0][:valid] + self.block_pool.cached_block_hash_to_block.longest_prefix(
             keys, limit, valid
         )
-        return (blocks,), len(blocks) * self.block_size
+        return CacheHit((blocks,), len(blocks) * self.block_size, 0)
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     """Several groups: the longest hit every group accepts, found by a fixed point."""
 
     def __init__(
-        self, attention_groups: Sequence[AttentionGroupSpec], block_pool: BlockPool, block_size: int
+        self,
+        attention_groups: Sequence[AttentionGroupSpec],
+        block_pool: BlockPool,
+        block_size: int,
+        retention_interval: int | None = None,
     ) -> None:
-        super().__init__(attention_groups, block_pool, block_size)
+        super().__init__(attention_groups, block_pool, block_size, retention_interval)
         # Groups of equal spec are looked up jointly (vLLM's SpecGroup); full attention first:
         # its left-to-right scan gives the tightest first bound.
         by_spec: dict[AttentionGroupSpec, list[int]] = {}
         for i, spec in enumerate(attention_groups):
             by_spec.setdefault(spec, []).append(i)
         self.attention_groups = sorted(by_spec.items(), key=lambda item: item[0].kind != "full")
+        # vLLM 0.33: one full spec + one other needs one pass (the other cannot shrink below
+        # what full attention accepts, full attention accepts any shorter length).
+        self.is_simple_hybrid = len(self.attention_groups) == 2 and self.attention_groups[0][0].kind == "full"
 
-    def find_longest_cache_hit(self, hashes: RequestHashes, max_length: int) -> tuple[KVCacheBlocks, int]:
+    def find_cache_hit(self, hashes: RequestHashes, max_length: int) -> CacheHit:
         """Start at ``max_length``, let each group shrink it, repeat until a whole pass shrinks
         nothing (monotone: it ends)."""
         hit_blocks: list[list[KVCacheBlock] | None] = [None] * len(self.single_type_managers)
         hit_length = max_length
+        longest = 0  # the longest hit one group reported (vLLM's longest_hit_length)
         while True:
             curr = hit_length
             for spec, group_ids in self.attention_groups:
@@ -213,18 +296,27 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 )
                 for group_id, group_blocks in zip(group_ids, blocks, strict=True):
                     hit_blocks[group_id] = group_blocks
+                longest = max(longest, curr)
             if curr >= hit_length:
                 break
             hit_length = curr
+            if self.is_simple_hybrid:
+                break
         num_blocks = hit_length // self.block_size
-        return tuple(b[:num_blocks] if b is not None else [] for b in hit_blocks), hit_length
+        blocks = tuple(b[:num_blocks] if b is not None else [] for b in hit_blocks)
+        return CacheHit(blocks, hit_length, longest - hit_length)
 
 
 def make_kv_cache_coordinator(
-    attention_groups: Sequence[AttentionGroupSpec], block_pool: BlockPool, block_size: int
+    attention_groups: Sequence[AttentionGroupSpec],
+    block_pool: BlockPool,
+    block_size: int,
+    retention_interval: int | None = None,
 ) -> KVCacheCoordinator:
     if not attention_groups:
         raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
+    if all(spec.kind == "mamba" for spec in attention_groups):
+        raise ValueError("attention_groups needs an attention group (full or sliding_window) beside Mamba")
     if len(attention_groups) == 1:
-        return UnitaryKVCacheCoordinator(attention_groups, block_pool, block_size)
-    return HybridKVCacheCoordinator(attention_groups, block_pool, block_size)
+        return UnitaryKVCacheCoordinator(attention_groups, block_pool, block_size, retention_interval)
+    return HybridKVCacheCoordinator(attention_groups, block_pool, block_size, retention_interval)

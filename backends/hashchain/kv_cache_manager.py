@@ -10,7 +10,11 @@ from collections.abc import Sequence
 
 from prefixcache.backends.hashchain.block_pool import BlockPool
 from prefixcache.backends.hashchain.hashing import BlockHasher, HashFn
-from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks, make_kv_cache_coordinator
+from prefixcache.backends.hashchain.kv_cache_coordinator import (
+    CacheHit,
+    KVCacheBlocks,
+    make_kv_cache_coordinator,
+)
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import AttentionGroupSpec
 
 from prefixcache.request import Request
@@ -25,7 +29,13 @@ def max_cache_hit_length(request: Request) -> int:
 
 
 class KVCacheManager:
-    """``free_order`` is our ablation switch; vLLM always frees a request's blocks reversed."""
+    """``free_order`` is our ablation switch; vLLM always frees a request's blocks reversed.
+
+    ``free_skipped_on_failure``: vLLM frees a running request's out-of-window blocks (and old
+    Mamba states) at the start of allocate_slots, even when the allocation then fails. Off
+    (ours, the PrefixCache contract: a failed allocate changes nothing), those frees are
+    counted instead and happen only with a successful allocation; on, as vLLM (for replaying
+    its recorded fixtures exactly)."""
 
     def __init__(
         self,
@@ -37,14 +47,29 @@ class KVCacheManager:
         free_order: str = "reverse",
         unhashed_first: bool = True,
         eviction_policy: str = "lru",
+        prefix_cache_retention_interval: int | None = None,
+        free_skipped_on_failure: bool = False,
+        hash_block_size: int | None = None,
     ) -> None:
         if free_order not in FREE_ORDERS:
             raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {free_order!r}")
+        if not isinstance(free_skipped_on_failure, bool):
+            raise ValueError(f"free_skipped_on_failure must be a bool, got {free_skipped_on_failure!r}")
+        self.free_skipped_on_failure = free_skipped_on_failure
         self.block_size = block_size
         self.free_order = free_order
         self.block_pool = BlockPool(num_gpu_blocks, unhashed_first, eviction_policy, block_size)
-        self.hasher = BlockHasher(block_size, hash_fn)
-        self.coordinator = make_kv_cache_coordinator(attention_groups, self.block_pool, block_size)
+        # vLLM's hash_block_size: tokens per hash; a block is keyed by its last unit's hash.
+        hash_block_size = block_size if hash_block_size is None else hash_block_size
+        if hash_block_size < 1 or block_size % hash_block_size:
+            raise ValueError(f"hash_block_size {hash_block_size} must divide the block size {block_size}")
+        self.hasher = BlockHasher(hash_block_size, hash_fn, block_size // hash_block_size)
+        self.coordinator = make_kv_cache_coordinator(
+            attention_groups, self.block_pool, block_size, prefix_cache_retention_interval
+        )
+        # vLLM keeps it on the Request (set at each admission lookup): the shared-prefix
+        # junction whose window tail sparse retention must hash; 0 = none.
+        self.shared_prefix_boundary: dict[str, int] = {}
         ranked = self.block_pool.ranked
         self.learner = ranked.learner if ranked is not None else None
         # lrp: each admitted request's hit fraction as the ghost saw it, until it is freed
@@ -57,16 +82,27 @@ class KVCacheManager:
 
         Pure: touches nothing, counts nothing. Capped (``max_cache_hit_length``).
         """
-        return self.coordinator.find_longest_cache_hit(
+        blocks, length, _ = self.get_cache_hit(request)
+        return blocks, length
+
+    def get_cache_hit(self, request: Request) -> CacheHit:
+        """``get_computed_blocks`` with vLLM 0.33's third answer (see ``shared_prefix_boundary``)."""
+        return self.coordinator.find_cache_hit(
             self.hasher.request_hashes(request), max_cache_hit_length(request)
         )
 
-    def revalidate_computed_blocks(
-        self, request: Request, hit_blocks: KVCacheBlocks
-    ) -> tuple[KVCacheBlocks, int]:
-        """``get_computed_blocks`` after the index changed, given the blocks it returned then."""
+    def revalidate_computed_blocks(self, request: Request, hit_blocks: KVCacheBlocks) -> CacheHit:
+        """``get_cache_hit`` after the index changed, given the blocks it returned then."""
         hashes = self.hasher.request_hashes(request)
         return self.coordinator.revalidate_cache_hit(hashes, hit_blocks, max_cache_hit_length(request))
+
+    @staticmethod
+    def junction(hit: CacheHit) -> int:
+        """vLLM 0.33 ``get_computed_blocks``' ``shared_prefix_boundary``: the longest one-group
+        hit when some group hit longer than the joint hit, else 0."""
+        return (
+            hit.length + hit.num_uncached_common_prefix_tokens if hit.num_uncached_common_prefix_tokens else 0
+        )
 
     # ---------------------------------------------------------------- write path
     def allocate_slots(
@@ -75,6 +111,7 @@ class KVCacheManager:
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
+        shared_prefix_boundary: int = 0,
     ) -> KVCacheBlocks | None:
         """Room for ``num_new_tokens`` after the request's computed tokens plus the new hit.
 
@@ -98,6 +135,8 @@ class KVCacheManager:
         num_tokens = min(num_tokens_need_slot, request.num_tokens)  # slots whose token exists
         if running and coordinator.extends_in_place(request_id, num_tokens_need_slot, num_tokens):
             return hits  # no new block in any group
+        if self.free_skipped_on_failure:
+            coordinator.remove_skipped_blocks(request_id, num_computed_tokens)  # vLLM: before the check
         needed = coordinator.get_num_blocks_to_allocate(
             request_id, num_tokens_need_slot, hits, num_computed_tokens
         )
@@ -108,6 +147,7 @@ class KVCacheManager:
             self._begin_learning(request, sum(1 for b in hits[0] if not b.is_null))
         if not running:
             coordinator.save_new_computed_blocks(request_id, hits, num_computed_tokens)
+            self.shared_prefix_boundary[request_id] = shared_prefix_boundary
         new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
         # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token).
         self.cache_blocks(request, num_tokens)
@@ -125,7 +165,11 @@ class KVCacheManager:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
         if self.coordinator.num_blocks_to_cache(request.request_id, num_tokens) > 0:
             self.coordinator.cache_blocks(
-                self.hasher.request_hashes(request), request.request_id, num_tokens, request.num_prompt_tokens
+                self.hasher.request_hashes(request),
+                request.request_id,
+                num_tokens,
+                request.num_prompt_tokens,
+                self.shared_prefix_boundary.get(request.request_id, 0),
             )
 
     def free(self, request: Request) -> None:
@@ -137,6 +181,7 @@ class KVCacheManager:
         if self.learner is not None:
             seen = self.seen_fraction.pop(request.request_id, 0.0)
             self.learner.classify(seen, request.num_prompt_tokens, request.num_output_tokens)
+        self.shared_prefix_boundary.pop(request.request_id, None)
         self.coordinator.free(request.request_id, reverse=self.free_order == "reverse")
 
     # ---------------------------------------------------------------- queries

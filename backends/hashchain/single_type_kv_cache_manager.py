@@ -11,6 +11,8 @@ The two kinds differ in which cached blocks a request can use:
   * sliding window needs only the last ``window - 1`` tokens before the first recomputed one:
     scan right to left for ``cdiv(window - 1, block_size)`` contiguous cached blocks; blocks
     before that run are never read, so the null block stands in for them.
+(Mamba groups: mamba_manager.py.) vLLM 0.33's sparse retention (``reachable_block_mask``)
+decides which full blocks of a window group get a hash at all.
 """
 
 from __future__ import annotations
@@ -22,43 +24,56 @@ from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockPool
 from prefixcache.backends.hashchain.hashing import RequestHashes
 
-ATTENTION_KINDS = ("full", "sliding_window")
+ATTENTION_KINDS = ("full", "sliding_window", "mamba")
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionGroupSpec:
-    """One KV-cache group: ``("full",)`` or ``("sliding_window", window_tokens)``."""
+    """One KV-cache group: ``("full",)``, ``("sliding_window", window_tokens)`` or
+    ``("mamba", state_size)`` (vLLM's MambaSpec in "align" mode; the state size in
+    layer-token units, as ``prefixcache.layout`` gives it: it tells equal specs apart)."""
 
     kind: str
     sliding_window: int | None = None
+    state_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ATTENTION_KINDS:
             raise ValueError(f"attention group kind must be one of {ATTENTION_KINDS}, got {self.kind!r}")
-        if self.kind == "full" and self.sliding_window is not None:
-            raise ValueError("a full-attention group takes no window: write ('full',)")
+        if self.kind != "sliding_window" and self.sliding_window is not None:
+            raise ValueError(f"a {self.kind} group takes no window")
+        if self.kind == "full" and self.state_size is not None:
+            raise ValueError("a full-attention group takes no size: write ('full',)")
         if self.kind == "sliding_window":
             w = self.sliding_window
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
                 raise ValueError(
                     f"a sliding-window group needs a window of >= 1 tokens: ('sliding_window', W), got {w!r}"
                 )
+        if self.kind == "mamba":
+            size = self.state_size
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"a mamba group needs its state size: ('mamba', S), got {size!r}")
 
     @classmethod
     def parse(cls, group: object) -> AttentionGroupSpec:
         if isinstance(group, AttentionGroupSpec):
             return group
-        if not isinstance(group, (tuple, list)) or not group:
-            raise ValueError(f"attention group must be ('full',) or ('sliding_window', W), got {group!r}")
+        if not isinstance(group, (tuple, list)) or not group or not 1 <= len(group) <= 2:
+            raise ValueError(
+                f"attention group must be ('full',), ('sliding_window', W) or ('mamba', S), got {group!r}"
+            )
+        if group[0] == "mamba":
+            return cls("mamba", None, *group[1:])
         return cls(*group)
 
 
-def make_single_type_manager(
-    spec: AttentionGroupSpec, block_pool: BlockPool, block_size: int, group_id: int
-) -> SingleTypeKVCacheManager:
-    if spec.kind == "full":
-        return FullAttentionManager(spec, block_pool, block_size, group_id)
-    return SlidingWindowManager(spec, block_pool, block_size, group_id)
+def trim_null_head(blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
+    """``blocks`` without its leading null blocks."""
+    num_nulls = 0
+    while num_nulls < len(blocks) and blocks[num_nulls].is_null:
+        num_nulls += 1
+    return blocks[num_nulls:] if num_nulls else blocks
 
 
 class SingleTypeKVCacheManager:
@@ -113,7 +128,7 @@ class SingleTypeKVCacheManager:
         held = self.req_to_blocks.get(request_id)
         if held is not None:  # running: no new hit
             return max(num_required - len(held), 0)
-        num_skipped = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        num_skipped = max(0, self.get_num_skipped_tokens(num_computed_tokens)) // self.block_size
         # Hit blocks already out of the window are never touched (nulls replace them).
         kept = new_computed_blocks[num_skipped:]
         num_new = max(num_required - max(num_skipped, len(new_computed_blocks)), 0)
@@ -123,7 +138,7 @@ class SingleTypeKVCacheManager:
         self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock], num_computed_tokens: int
     ) -> None:
         """A new request takes its hit: touch it, nulls for blocks already out of the window."""
-        num_skipped = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        num_skipped = max(0, self.get_num_skipped_tokens(num_computed_tokens)) // self.block_size
         kept = new_computed_blocks[num_skipped:]
         self.block_pool.touch(kept)
         blocks = [self.null_block] * num_skipped
@@ -141,8 +156,17 @@ class SingleTypeKVCacheManager:
         return new_blocks
 
     def cache_blocks(
-        self, hashes: RequestHashes, request_id: str, num_tokens: int, num_prompt_tokens: int = 0
+        self,
+        hashes: RequestHashes,
+        request_id: str,
+        num_tokens: int,
+        num_prompt_tokens: int = 0,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
     ) -> None:
+        """Hash the request's blocks full within ``num_tokens``; ``retention_interval`` and
+        ``reachable_boundaries`` (token positions a later hit may resume at) let a sparse
+        group leave blocks no hit can read unhashed (``reachable_block_mask``)."""
         num_cached = self.num_cached_block[request_id]
         num_full = num_tokens // self.block_size
         if num_full <= num_cached:
@@ -153,8 +177,15 @@ class SingleTypeKVCacheManager:
             num_cached,
             num_full,
             num_prompt_tokens // self.block_size,
+            self.reachable_block_mask(num_cached, num_full, retention_interval, reachable_boundaries),
         )
-        self.num_cached_block[request_id] = num_full
+        self.num_cached_block[request_id] = num_full  # masked blocks too: never hashed later
+
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, retention_interval: int | None, boundaries: Sequence[int]
+    ) -> list[bool] | None:
+        """Which of blocks [start_block, end_block) to hash; None: all (full attention)."""
+        return None
 
     def num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
         """Blocks ``remove_skipped_blocks`` would return to the free queue (ours: lets a
@@ -186,9 +217,15 @@ class SingleTypeKVCacheManager:
             out.append(blocks[i])
         return end, out
 
-    def free(self, request_id: str, reverse: bool = True) -> None:
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Drop the request's bookkeeping; its blocks in table order, leading nulls trimmed
+        (vLLM 0.33 ``trim_null_head``: a window's skipped prefix is never freed)."""
         blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
+        return trim_null_head(blocks)
+
+    def free(self, request_id: str, reverse: bool = True) -> None:
+        blocks = self.pop_blocks_for_free(request_id)
         self.block_pool.free_blocks(reversed(blocks) if reverse else blocks)
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:
@@ -238,7 +275,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self, hashes: RequestHashes, max_length: int, group_ids: Sequence[int]
     ) -> tuple[list[list[KVCacheBlock]], int]:
         keys = [hashes.keys(g) for g in group_ids]
-        max_num_blocks = min(max_length // self.block_size, len(hashes.hashes))
+        max_num_blocks = min(max_length // self.block_size, hashes.num_blocks)
         computed = [[self.null_block] * max_num_blocks for _ in group_ids]
         get_cached_block = self.block_pool.get_cached_block
         num_contiguous = 0
@@ -266,3 +303,32 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         # Token t attends to [t - window + 1, t]; the next token is num_computed_tokens.
         return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def reachable_block_mask(
+        self, start_block: int, end_block: int, retention_interval: int | None, boundaries: Sequence[int]
+    ) -> list[bool] | None:
+        """vLLM 0.33 ``SlidingWindowManager.reachable_block_mask`` (no EAGLE; hits aligned to
+        the block size, as every group here shares it). A hit at boundary b reads only the
+        ``contiguous_blocks`` blocks ending at b, so only those need a hash:
+
+        None: dense, every block (a hit may land on any block boundary);
+        0:    only the tails ending at ``boundaries`` (the replay boundary prompt - 1 and a
+              shared-prefix junction), vLLM's engine default;
+        k>0:  also one tail at the end of every k-token segment.
+        """
+        need = self.contiguous_blocks
+        if retention_interval is None:
+            return None
+        mask = [False] * (end_block - start_block)
+        if retention_interval > 0:
+            per_segment = retention_interval // self.block_size
+            if need >= per_segment:
+                return None  # the tails cover every block
+            for i in range(start_block, end_block):
+                if i % per_segment >= per_segment - need:
+                    mask[i - start_block] = True
+        for boundary in boundaries:
+            end = boundary // self.block_size  # the tail [end - need, end) ends on the boundary
+            for j in range(max(start_block, end - need), min(end_block, end)):
+                mask[j - start_block] = True
+        return mask

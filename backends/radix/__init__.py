@@ -1,11 +1,32 @@
-"""SGLang's RadixCache (python/sglang/srt/mem_cache/radix_cache.py), 0.5.23 semantics."""
+"""SGLang's RadixCache (python/sglang/srt/mem_cache/radix_cache.py), 0.5.23 semantics; for a
+hybrid layout, its UnifiedRadixCache with the SWA component (swa_backend.py) or the Mamba
+component (mamba_backend.py), as 0.5.23's ``mem_cache/registry.py`` picks them."""
+
+from typing import Any
 
 from prefixcache.backends.radix.backend import RadixPrefixCache, extra_key, mm_values, request_key
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import MatchResult, RadixCache
+from prefixcache.backends.radix.swa_backend import SWARadixPrefixCache
 from prefixcache.backends.radix.tree import TreeNode
 
+from prefixcache.config import CacheConfig
 from prefixcache.eviction import POLICIES, make_policy
+from prefixcache.interface import PrefixCache
+
+
+def make_radix_cache(config: CacheConfig, **options: Any) -> PrefixCache[Any]:
+    """The cache ``make_cache("radix", config)`` builds: a layout with Mamba layers gets the
+    Mamba cache (which refuses sliding-window layers beside them, as we do not model FULL +
+    SWA + MAMBA), one with sliding-window layers the SWA cache, every other the dense
+    RadixCache, byte-for-byte as before layouts existed."""
+    if config.is_hybrid and config.model_layout.count("mamba"):
+        from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
+
+        return MambaRadixPrefixCache(config, **options)
+    if config.is_hybrid:
+        return SWARadixPrefixCache(config, **options)
+    return RadixPrefixCache(config, **options)
 
 __all__ = [
     "POLICIES",
@@ -13,8 +34,10 @@ __all__ = [
     "RadixCache",
     "RadixKey",
     "RadixPrefixCache",
+    "SWARadixPrefixCache",
     "TreeNode",
     "make_policy",
+    "make_radix_cache",
     "mm_values",
     "extra_key",
     "request_key",

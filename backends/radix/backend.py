@@ -112,6 +112,11 @@ class RadixPrefixCache(PrefixCache[_Live]):
     ) -> None:
         """need_sort: SGLang's allocator mode (prefixcache/pool.py); SGLang sets it only under
         prefill/decode disaggregation, so the default False is what a plain SGLang server does."""
+        if config.is_hybrid:
+            raise ValueError(
+                f"RadixPrefixCache is the dense cache; layout {config.model_layout.describe()} needs "
+                "make_cache('radix', config), which picks SGLang's hybrid cache for it"
+            )
         super().__init__(config)
         self.need_sort = need_sort
         self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)

@@ -33,6 +33,7 @@ from prefixcache.experiments.inputs.workloads import make_workload
 from prefixcache import CacheConfig, CostModel, Engine, PrefixCache, Request, make_cache
 
 SCALES = ("tiny", "default", "full")
+REPLAY_MODES = ("replay", "chunked-replay")  # cells without an engine (and so without a clock)
 # Bump when run_cell's summary gains or changes a column: stored cells of another version rerun.
 SUMMARY_VERSION = 2
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -89,16 +90,25 @@ def cell_name(config: dict[str, Any]) -> str:
 def cell_config(study: str, *, source: str, backend: str, page_size: int, capacity_tokens: int,
                 mode: str = "engine", scheduler: str = "fcfs", token_budget: int = 2048,
                 options: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
-                label: str | None = None, limit: int | None = None, seed: int = 0) -> dict[str, Any]:
+                label: str | None = None, limit: int | None = None, seed: int = 0,
+                layout: str | None = None, chunk: int | None = None) -> dict[str, Any]:
     """The one dict that defines a cell. ``source`` is a workload name or a trace key of
-    MOONCAKE_TRACES; ``params`` the workload's keywords; ``options`` the backend's. Engine
+    MOONCAKE_TRACES; ``params`` the workload's keywords; ``options`` the backend's; ``layout``
+    a ``prefixcache.layout`` preset name (absent for a plain model, so older cells keep their
+    names); ``chunk`` the prefill chunk of a "chunked-replay" cell. Engine
     cells also record the clock (the measured cost model's constants), so that a recalibration
     reruns them; replays have no clock."""
     config = dict(study=study, source=source, params=params or {}, limit=limit, mode=mode,
                   backend=backend, options=options or {}, label=label or backend, page_size=page_size,
                   capacity_tokens=capacity_tokens, scheduler=scheduler, token_budget=token_budget,
                   seed=seed)
-    if mode != "replay":  # run_cell drives every other mode through the engine
+    if layout is not None:
+        config["layout"] = layout
+    if mode == "chunked-replay":
+        config["chunk"] = chunk
+    elif chunk is not None:
+        raise ValueError(f"chunk is for chunked-replay cells, not {mode!r}")
+    if mode not in REPLAY_MODES:  # run_cell drives every other mode through the engine
         config["cost_model"] = CostModel.measured().constants()
     return config
 
@@ -120,7 +130,7 @@ def build_cache(config: dict[str, Any]) -> PrefixCache:
     if config["backend"] == "radix":
         # A counter instead of wall time: the same run always breaks LRU ties the same way.
         options.setdefault("clock", itertools.count().__next__)
-    config_ = CacheConfig(config["capacity_tokens"], config["page_size"])
+    config_ = CacheConfig(config["capacity_tokens"], config["page_size"], layout=config.get("layout"))
     return make_cache(config["backend"], config_, **options)
 
 
@@ -165,6 +175,59 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def held_units(cache: PrefixCache, req: Request) -> int:
+    """Memory ``req`` holds now, in layer-token units (``CacheConfig.layer_token_budget``): per
+    KV group, its real (non-null) pages x page size x the model layers reading them; a Mamba
+    group's state counts the layers' state size instead of a page's tokens."""
+    layers = cache.config.model_layout.layers
+    total = 0
+    for group, table in zip(cache.kv_groups(), cache.page_tables(req), strict=True):
+        pages = len({p for p in table if p != 0})
+        if group.kind == "mamba":
+            total += pages * sum(layers[i].state_tokens or 0 for i in group.layers)
+        else:
+            total += pages * group.page_size * len(group.layers)
+    return total
+
+
+def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> pd.DataFrame:
+    """``replay`` with the prompt prefilled ``chunk`` tokens per step (allocate, compute,
+    commit), as an engine's token budget cuts it (and as the cache's ``prefill_chunk`` aligns
+    it), so that a sliding-window layer can free what leaves its window mid-prompt. Also
+    records the peak memory each request held."""
+    rows = []
+    usable = cache.config.usable_tokens
+    for r in reqs:
+        if r.num_tokens > usable:
+            rows.append((r.request_id, r.num_prompt_tokens, 0, True, 0, 0))
+            continue
+        t0 = time.perf_counter_ns()
+        match = cache.lookup(r)
+        step = cache.prefill_chunk(r, match.tokens, min(chunk, r.num_tokens - match.tokens), chunk)
+        if not cache.allocate(r, step, match):
+            raise RuntimeError(f"replay: {r.request_id} does not fit in an otherwise idle cache")
+        hit, peak = r.num_computed_tokens, 0
+        while step:
+            r.num_computed_tokens += step
+            cache.commit(r)
+            peak = max(peak, held_units(cache, r))
+            start = r.num_computed_tokens
+            step = cache.prefill_chunk(r, start, min(chunk, r.num_tokens - start), chunk)
+            if step and not cache.allocate(r, step):
+                raise RuntimeError(f"replay: {r.request_id} ran out of pages mid-prompt in an idle cache")
+        planned = r.planned_output_ids
+        if isinstance(planned, tuple) and len(planned) > 1 and r.num_output_tokens == 0:
+            r.append_output_token_ids(planned)
+            if cache.allocate(r, len(planned) - 1):
+                r.num_computed_tokens = r.num_tokens - 1
+                cache.commit(r)
+                peak = max(peak, held_units(cache, r))
+        cache.release(r)
+        rows.append((r.request_id, r.num_prompt_tokens, hit, False, time.perf_counter_ns() - t0, peak))
+    cols = ["request_id", "prompt_tokens", "hit_tokens", "rejected", "cache_op_ns", "peak_units"]
+    return pd.DataFrame(rows, columns=cols)
+
+
 def run_engine(
     cache: PrefixCache, reqs: Sequence[Request], config: dict[str, Any]
 ) -> tuple[pd.DataFrame, Engine]:
@@ -200,6 +263,13 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
     summary: dict[str, Any] = {}
     if config["mode"] == "replay":
         df = replay(cache, requests)
+    elif config["mode"] == "chunked-replay":
+        df = replay_chunked(cache, requests, config["chunk"])
+        fit = df[~df["rejected"]]
+        peak = fit["peak_units"]
+        summary.update(peak_units_mean=float(peak.mean()),
+                       peak_units_per_prompt_token=float(peak.sum() / fit["prompt_tokens"].sum()),
+                       layer_token_budget=cache.config.layer_token_budget)
     else:
         df, engine = run_engine(cache, requests, config)
         done = df[~df["rejected"]]
@@ -220,7 +290,7 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
     ran = df[~df["rejected"]]
     # The cheap part of check_invariants (the full check costs seconds on a 1M-token pool and
     # is the property tests' job): every usable page is accounted for.
-    if sum(cache.usage()) != cache.config.num_usable_pages:
+    if sum(cache.usage()) != cache.num_usable_pages():
         raise RuntimeError(f"{cell_name(config)}: page accounting broken after the run: {cache.usage()}")
     summary.update(
         requests=int(len(df)), rejected=int(df["rejected"].sum()), queries=stats.queries,
@@ -270,7 +340,7 @@ def _run_group(
     shared: list[Request] | None = None
     rows = []
     for c in configs:
-        if share and c["mode"] == "replay":
+        if share and c["mode"] in REPLAY_MODES:
             folder = out_root / c["study"] / cell_name(c)
             if force or not (folder / "summary.json").exists():
                 shared = shared if shared is not None else make_requests(c)

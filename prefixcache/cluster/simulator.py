@@ -118,7 +118,7 @@ class Cluster:
             index=replica.index,
             active_requests=len(queued) + len(e.running),
             waiting=len(queued),
-            kv_usage=cache.usage().in_use / cache.config.num_usable_pages,
+            kv_usage=cache.usage().in_use / cache.num_usable_pages(),
             prefill_tokens=prefill,
             decode_blocks=decode_blocks,
         )

@@ -1,0 +1,372 @@
+"""SWARadixPrefixCache: the radix backend over a hybrid full + sliding-window layout, as SGLang
+0.5.23 runs such a model (``UnifiedRadixCache`` with FULL + SWA over ``SWATokenToKVPoolAllocator``).
+
+Request flow, in our hooks (SGLang's names)::
+
+    lookup   match_prefix(all tokens but the last): the window rule (swa_tree.py)
+    allocate first: inc_lock_ref(last node), evict_for_alloc for each pool's shortfall, take the
+             same pages from both pools. Decode steps past the first: maybe_evict_swa, i.e.
+             free_swa_out_of_window_slots once ``swa_eviction_interval`` tokens slid out.
+    commit   after an extend (not a decode step): checkpoint: free the out-of-window SWA of
+             the request's own pages, insert (prev_prefix_len = protected, swa_evicted_seqlen),
+             re-point the page table at the tree's pages, move the lock
+    release  checkpoint as a finished request (no window freeing), free the row's unshared part
+             (full only below the SWA frontier), unlock, free the over-allocated room
+
+``usage()`` is the full pool (a PageUsage over its usable pages: every token of a request needs
+a full page); ``swa_usage()`` the SWA pool, the same three ways. Both pools have their own page 0;
+``page_table`` holds full-pool ids, ``page_tables`` full ids and SWA ids (0 where freed).
+``stats.evicted_tokens`` counts full KV dropped (an SWA-only tombstoning drops no token).
+Options: ``swa_full_tokens_ratio`` (SGLang's --swa-full-tokens-ratio, 0.8) and
+``swa_eviction_interval`` (SGLANG_SWA_EVICTION_INTERVAL, 128). SGLang's early release of the
+prefill's SWA lock (SGLANG_OPT_RELEASE_PREFILL_SWA) is off by default there and not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+from prefixcache.backends.radix.backend import request_key
+from prefixcache.backends.radix.swa_pool import (
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
+    SWAPagePool,
+    swa_pool_sizes,
+    swa_window,
+)
+from prefixcache.backends.radix.swa_tree import LockReceipt, SWANode, SWARadixTree
+from prefixcache.backends.radix.tree import SlotArray
+
+from prefixcache.config import CacheConfig
+from prefixcache.interface import KVGroup, Match, PageUsage, PrefixCache, ensure
+from prefixcache.pool import PageIds, PageTable
+from prefixcache.request import Request
+
+DEFAULT_SWA_EVICTION_INTERVAL = 128  # SGLANG_SWA_EVICTION_INTERVAL
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SWATreeMatch(Match):
+    indices: SlotArray  # full-pool slots of the matched tokens
+    last_node: SWANode
+    full_hit: int  # full_kv_hit_length: tokens whose full KV matched, past the window rule
+
+
+@dataclass(slots=True)
+class _SWALive:
+    pages: PageTable  # full-pool pages: [0, protected) the tree's, then the request's own
+    protected: int  # cache_protected_len
+    receipt: LockReceipt
+    prefill_end: int  # tokens at admission: steps from there on are decode steps
+    # swa_branching_seqlen: where the full-KV hit ran past the SWA-valid hit (page-aligned);
+    # the first checkpoint inserts only up to here, reviving the tombstones it crosses
+    branching: int | None = None
+    swa_evicted: int = 0  # swa_evicted_seqlen: SWA of [0, this) freed by the request (page-aligned)
+    decoding: bool = False
+
+
+class SWARadixPrefixCache(PrefixCache[_SWALive]):
+    name = "radix"
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        *,
+        swa_full_tokens_ratio: float = DEFAULT_SWA_FULL_TOKENS_RATIO,
+        swa_eviction_interval: int = DEFAULT_SWA_EVICTION_INTERVAL,
+        eviction_policy: str = "lru",
+        need_sort: bool = False,
+        disable: bool = False,
+    ) -> None:
+        if eviction_policy != "lru" or need_sort or disable:
+            raise ValueError(
+                "the hybrid SWA radix cache supports eviction_policy='lru', need_sort=False and "
+                f"disable=False only (got {eviction_policy!r}, {need_sort}, {disable})"
+            )
+        if config.model_layout.count("mamba"):
+            raise ValueError("radix: Mamba layouts are not supported yet (SWA + full only)")
+        if (
+            isinstance(swa_eviction_interval, bool)
+            or not isinstance(swa_eviction_interval, int)
+            or swa_eviction_interval < 1
+        ):
+            raise ValueError(f"swa_eviction_interval must be a positive int, got {swa_eviction_interval!r}")
+        super().__init__(config)
+        self.window = swa_window(config)
+        self.swa_eviction_interval = swa_eviction_interval
+        self.sizes = swa_pool_sizes(config, swa_full_tokens_ratio)
+        self._new_pools()
+
+    def _new_pools(self) -> None:
+        p = self.page_size
+        self.pool = SWAPagePool(self.sizes.full_tokens // p + 1, self.sizes.swa_tokens // p + 1, page_size=p)
+        self.tree = SWARadixTree(p, self.window, self.pool)
+
+    # ------------------------------------------------------------------ layout
+    def kv_groups(self) -> tuple[KVGroup, ...]:
+        layers = self.config.model_layout.layers
+        full = tuple(i for i, layer in enumerate(layers) if layer.kind == "full")
+        swa = tuple(i for i, layer in enumerate(layers) if layer.kind == "sliding_window")
+        p = self.page_size
+        return (
+            KVGroup("full", None, "full", p, self.pool.full.num_pages, full),
+            KVGroup("sliding_window", self.window, "swa", p, self.pool.swa.num_pages, swa),
+        )
+
+    def page_tables(self, req: Request) -> list[list[int]]:
+        pages = self._live_record(req, "page_tables").state.pages.array()
+        return [pages.tolist(), self.pool.full_to_swa[pages].tolist()]
+
+    def _check_fits(self, req: Request, total_tokens: int) -> None:
+        """ValueError if the request's tokens can never fit the full pool, or this allocation's
+        new pages (a live request's increment; a new request's whole reservation, hit included)
+        the SWA pool. A request may outgrow the SWA pool: its old SWA pages are freed as it goes."""
+        if total_tokens > req.num_tokens:
+            super()._check_fits(req, total_tokens)
+        p = self.page_size
+        need = -(-total_tokens // p)
+        live = self._live.get(req.request_id)
+        new = need - len(live.state.pages) if live is not None and live.request is req else need
+        full, swa = self.pool.full.num_pages - 1, self.pool.swa.num_pages - 1
+        if need > full or new > swa:
+            raise ValueError(
+                f"request {req.request_id!r} needs {total_tokens} tokens ({need} full pages, {new} new "
+                f"SWA pages) but the full pool holds {full} and the SWA pool {swa} usable pages of {p}"
+            )
+
+    # ------------------------------------------------------------------ helpers
+    def _slots(self, pages: PageIds) -> SlotArray:
+        p = self.page_size
+        return pages if p == 1 else (pages[:, None] * p + np.arange(p, dtype=np.int64)).reshape(-1)
+
+    def _pages_of(self, slots: SlotArray) -> PageIds:
+        return slots[:: self.page_size] // self.page_size  # type: ignore[no-any-return]
+
+    def _take(self, num_pages: int, demand: int) -> PageIds | None:
+        """``evict_to_free_tokens(demand)`` then take ``num_pages`` (maybe 0: SGLang evicts for
+        its demand even when the tokens fit in the last page) from both pools; None, evicting
+        nothing, if even evicting every unlocked entry would not make room."""
+        p = self.page_size
+        tree, pool = self.tree, self.pool
+        if not self._can_take(num_pages):
+            return None
+        full_short = max(0, demand - pool.full.num_free * p)
+        swa_short = max(0, demand - pool.swa.num_free * p)
+        if full_short or swa_short:
+            freed, _ = tree.evict(full_short, swa_short, to_available=True)
+            self.stats.evicted_tokens += freed
+        pages = pool.alloc(num_pages)
+        assert pages is not None, "eviction made less room than its evictable sizes promised"
+        return pages
+
+    def _can_take(self, num_pages: int, swa_bonus: int = 0) -> bool:
+        """Whether evicting every unlocked entry would give ``num_pages`` in both pools."""
+        p = self.page_size
+        pool, tree = self.pool, self.tree
+        return (
+            num_pages <= pool.full.num_free + tree.full_evictable // p
+            and num_pages <= pool.swa.num_free + swa_bonus + tree.swa_evictable // p
+        )
+
+    def _demand(self, num_tokens: int, decode: bool) -> int:
+        """Tokens SGLang evicts for: page 1 n; paged decode page_size; paged extend n + page."""
+        p = self.page_size
+        return num_tokens if p == 1 else (p if decode else num_tokens + p)
+
+    def _out_of_window(self, live: _SWALive, pre_len: int) -> tuple[int, int] | None:
+        """``free_swa_out_of_window_slots``' range: the request's own tokens [lo, hi) more than
+        ceil(max(window, page)) tokens behind ``pre_len`` (page-aligned; lo >= the tree-owned
+        prefix), or None when it returns early."""
+        p = self.page_size
+        if pre_len - self.window < live.swa_evicted + 1:
+            return None
+        evicted = max(live.swa_evicted, live.protected)  # swa_dead_lo: the tree's prefix is not ours
+        threshold = pre_len - -(-max(self.window, p) // p) * p
+        return evicted, max(evicted, threshold) // p * p
+
+    def _free_out_of_window(self, live: _SWALive, pre_len: int) -> None:
+        span = self._out_of_window(live, pre_len)
+        if span is None:
+            return
+        lo, hi = span
+        if hi > lo:
+            self.pool.free_swa(live.pages[lo // self.page_size : hi // self.page_size])
+        live.swa_evicted = max(lo, hi)
+
+    # ------------------------------------------------------------------ hooks
+    def _match(self, req: Request) -> SWATreeMatch:
+        m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
+        return SWATreeMatch(
+            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, m.full_hit
+        )
+
+    def _index_version(self) -> int:
+        return self.tree.version
+
+    def _revalidate(self, match: Match) -> SWATreeMatch:
+        """Ours: look the request up again. A tombstone can break the window rule anywhere on
+        the old path, so what still holds is what a fresh match finds."""
+        return self._match(match.request)
+
+    def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _SWALive | None:
+        m = cast(SWATreeMatch, match)
+        total = m.tokens + num_new_tokens
+        receipt = self.tree.inc_lock_ref(m.last_node)  # first, so making room cannot evict the hit
+        need = -(-total // self.page_size) - m.tokens // self.page_size
+        new_pages = self._take(need, self._demand(num_new_tokens, decode=False))
+        if new_pages is None:
+            self.tree.dec_lock_ref(receipt)
+            return None
+        pages = PageTable(np.concatenate([self._pages_of(m.indices), new_pages]))
+        p = self.page_size
+        branching = m.full_hit // p * p
+        return _SWALive(pages, m.tokens, receipt, req.num_tokens, branching if branching > m.tokens else None)
+
+    def _extend(self, req: Request, state: _SWALive, total_tokens: int) -> bool:
+        live = state
+        decoding = req.num_computed_tokens >= live.prefill_end
+        n = total_tokens - self.reserved_tokens(req)
+        decode = decoding and n == 1
+        # maybe_evict_swa (prepare_for_decode, before the allocation): from the second decode
+        # step on, once an interval of tokens slid out of the window
+        pre_len = req.num_computed_tokens
+        interval = self.swa_eviction_interval
+        slide = decode and pre_len > live.prefill_end and pre_len - self.window >= live.swa_evicted + interval
+        need = max(0, -(-total_tokens // self.page_size) - len(live.pages))
+        span = self._out_of_window(live, pre_len) if slide else None
+        released = (span[1] - span[0]) // self.page_size if span is not None else 0
+        if not self._can_take(need, swa_bonus=released):
+            return False  # ours: SGLang would slide the window and then fail (retract)
+        if slide:
+            self._free_out_of_window(live, pre_len)
+        new_pages = self._take(need, self._demand(n, decode))
+        if new_pages is None:
+            return False
+        live.pages.extend(new_pages)
+        live.decoding = decoding
+        return True
+
+    def _checkpoint(self, req: Request, live: _SWALive, finished: bool) -> None:
+        """``checkpoint_into_tree(req, up_to=num_computed_tokens)``."""
+        p = self.page_size
+        computed = req.num_computed_tokens
+        branching = live.branching
+        branch = branching is not None and live.protected < branching <= computed
+        cache_len = branching if branch else computed  # prepare_for_caching_req
+        assert cache_len is not None
+        if not finished:
+            self._free_out_of_window(live, cache_len - 1)
+        aligned = cache_len // p * p
+        if aligned == 0:
+            return
+        key = request_key(req)[:aligned]
+        own = self._slots(live.pages[: aligned // p])
+        _, node = self.tree.insert(key, own, live.protected, live.swa_evicted)
+        path = self.tree.path_indices(node)
+        assert len(path) == aligned, f"insert ended at {len(path)} of {aligned} tokens"
+        live.pages[live.protected // p : aligned // p] = self._pages_of(path[live.protected :])
+        self.tree.dec_lock_ref(live.receipt)
+        live.receipt = self.tree.inc_lock_ref(node)
+        live.protected = aligned
+        if branch:  # cleanup_after_caching_req: the branch is in; free what slid out since
+            live.branching = None
+            if not finished:
+                self._free_out_of_window(live, computed - 1)
+
+    def _commit(self, req: Request, state: _SWALive) -> None:
+        if state.decoding or req.num_computed_tokens == 0:
+            return
+        self._checkpoint(req, state, finished=False)
+
+    def _release(self, req: Request, state: _SWALive) -> None:
+        live = state
+        p = self.page_size
+        computed = req.num_computed_tokens
+        if computed:
+            self._checkpoint(req, live, finished=True)
+        written = -(-computed // p)
+        lo = live.protected // p
+        dead_hi = max(live.swa_evicted, live.protected) // p
+        own = live.pages[lo:written]
+        self.pool.free_full_only(own[: max(0, dead_hi - lo)])
+        self.pool.free(own[max(0, dead_hi - lo) :])
+        self.tree.dec_lock_ref(live.receipt)
+        self.pool.free(live.pages[written:])
+
+    def _page_table(self, req: Request, state: _SWALive) -> list[int]:
+        return state.pages.tolist()
+
+    def _evict(self, num_tokens: int) -> int:
+        freed, _ = self.tree.evict(num_tokens, 0)
+        self.stats.evicted_tokens += freed
+        return freed
+
+    def evict_swa(self, num_tokens: int) -> int:
+        """Drop unlocked SWA KV of at least ``num_tokens`` tokens (SGLang's
+        ``evict(EvictParams(swa_num_tokens=n))``); returns the SWA tokens freed."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        return self.tree.evict(0, num_tokens)[1]
+
+    def _reset(self) -> None:
+        version = self.tree.version
+        self._new_pools()
+        self.tree.version += version  # never repeats across a reset: old matches must revalidate
+
+    # ------------------------------------------------------------------ accounting
+    def usage(self) -> PageUsage:
+        """The full pool's pages (the one every request's tokens all need)."""
+        free = self.pool.full.num_free
+        evictable = self.tree.full_evictable // self.page_size
+        return PageUsage(free, evictable, self.pool.full.num_pages - 1 - free - evictable)
+
+    def swa_usage(self) -> PageUsage:
+        """The sliding-window pool's pages, the same three ways."""
+        free = self.pool.swa.num_free
+        evictable = self.tree.swa_evictable // self.page_size
+        return PageUsage(free, evictable, self.pool.swa.num_pages - 1 - free - evictable)
+
+    def check_invariants(self) -> None:
+        for name, u, total in (
+            ("full", self.usage(), self.pool.full.num_pages - 1),
+            ("swa", self.swa_usage(), self.pool.swa.num_pages - 1),
+        ):
+            ensure(min(u) >= 0, f"{name} pool: negative page count in {u}")
+            ensure(sum(u) == total, f"{name} pool: free + evictable + in use = {sum(u)} != {total}")
+        try:
+            self.pool.check()
+            self.tree.check()
+        except AssertionError as e:
+            ensure(False, f"swa radix: {e}")
+        p = self.page_size
+        tree_full: set[int] = set()
+        tree_swa: set[int] = set()
+        for node in self.tree.iter_nodes():
+            assert node.value is not None
+            pages = self._pages_of(node.value).tolist()
+            ensure(not tree_full & set(pages), f"{node}: a full page held by two nodes")
+            tree_full.update(pages)
+            if node.swa is not None:
+                tree_swa.update(self.pool.full_to_swa[self._pages_of(node.value)].tolist())
+        own_full: list[int] = []
+        for rid, record in self._live.items():
+            live, req = record.state, record.request
+            ensure(req.num_computed_tokens <= record.reserved, f"{rid!r} computed > reserved")
+            ensure(len(live.pages) * p >= record.reserved, f"{rid!r} page table short of its reservation")
+            shared = set(live.pages[: live.protected // p].tolist())
+            ensure(shared <= tree_full, f"{rid!r} points at prefix pages the tree no longer holds")
+            own_full.extend(x for x in live.pages[live.protected // p :].tolist() if x not in tree_full)
+        ensure(len(set(own_full)) == len(own_full), "a full page is owned twice")
+        free_full = set(self.pool.full.free_page_ids().tolist())
+        ensure(
+            len(free_full) + len(tree_full) + len(own_full) == self.pool.full.num_pages - 1,
+            "full pages free + tree + requests != usable",
+        )
+        mapped = self.pool.full_to_swa[self.pool.full_to_swa > 0]
+        free_swa = self.pool.swa.num_free
+        ensure(
+            free_swa + len(mapped) == self.pool.swa.num_pages - 1,
+            f"swa pages free {free_swa} + mapped {len(mapped)} != {self.pool.swa.num_pages - 1} usable",
+        )
+        ensure(tree_swa <= set(mapped.tolist()), "a tree SWA page is not mapped")

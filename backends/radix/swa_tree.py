@@ -1,0 +1,522 @@
+"""SWARadixTree: SGLang 0.5.23's ``UnifiedRadixCache`` with the FULL and SWA components
+(``unified_cache/unified_tree_core.py`` Python core, ``components/full.py``, ``components/swa.py``),
+HiCache, sessions and EAGLE left out.
+
+One tree. A node holds its full-pool slots (``value``, never None here: without a host tier a
+node loses its full KV only by being deleted) and its SWA-pool slots (``swa``; None = tombstone,
+SWA freed, full kept). Tombstone leaves exist: a deleted leaf's ancestors are removed only when
+they hold no full KV, which never happens without HiCache.
+
+Locks: ``full_lock`` on the whole path; ``swa_lock`` from the node up until one window of tokens
+is covered (tombstones counted), the boundary node stamped with a uuid that the release stops at.
+Evictable leaves: unlocked in both, holding full KV, no child. Sizes (tokens): evictable +
+protected per component, over nodes holding that component's value.
+
+Eviction (``_evict_components``): full first, a heap of evictable leaves by last_access_time
+built at the start, the parent pushed when it becomes a leaf; then, if still short, SWA: walk
+the SWA LRU list from its LRU end skipping SWA-locked nodes; an evictable leaf is deleted, any
+other node is tombstoned. The SWA list is refreshed only for window + page tokens back from a
+match's best node / an insert's target, the deepest first (parents older).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import NamedTuple
+
+import numpy as np
+from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.swa_node import EMPTY, SWALRU, SWANode
+from prefixcache.backends.radix.swa_pool import SWAPagePool
+from prefixcache.backends.radix.tree import SlotArray
+
+
+class SWAMatch(NamedTuple):
+    length: int  # tokens reusable (whole pages)
+    indices: SlotArray  # their full-pool slots
+    last_node: SWANode  # best match node (root for none)
+    full_hit: int  # tokens whose full KV matched (``full_kv_hit_length``), before the window rule
+
+
+class LockReceipt(NamedTuple):
+    node: SWANode
+    swa_uuid: int | None  # where the SWA lock's window ended (None: it reached the root)
+
+
+class SWARadixTree:
+    def __init__(self, page_size: int, window: int, pool: SWAPagePool) -> None:
+        if window < 1:
+            raise ValueError(f"SWA tree needs a positive window, got {window}")
+        self.page_size = page_size
+        self.window = window
+        self.pool = pool
+        self.version = 0  # ours, as RadixCache.version: changes whenever a match could change
+        self._time = 0.0
+        self._next_id = 0
+        self._next_uuid = 0
+        self.reset()
+
+    # ------------------------------------------------------------------ basics
+    def _tick(self) -> float:
+        """SGLang's ``get_and_increase_time_counter``."""
+        t = self._time
+        self._time += 1.0
+        return t
+
+    def _new_node(self) -> SWANode:
+        node = SWANode(self._next_id, self._tick())
+        self._tick()  # creation_time takes the next tick, as SGLang's node constructor
+        self._next_id += 1
+        return node
+
+    def reset(self) -> None:
+        self.version += 1
+        self.root = self._new_node()
+        self.root.swa = EMPTY
+        self.lru = SWALRU()
+        self.leaves: set[SWANode] = set()  # evictable device leaves
+        self.full_evictable = self.full_protected = 0
+        self.swa_evictable = self.swa_protected = 0
+
+    def _pages(self, slots: SlotArray) -> SlotArray:
+        return slots[:: self.page_size] // self.page_size  # type: ignore[no-any-return]
+
+    def to_swa(self, full_slots: SlotArray) -> SlotArray:
+        """``translate_loc_from_full_to_swa`` (0 where a slot has no SWA peer)."""
+        p = self.page_size
+        peers = self.pool.full_to_swa[full_slots // p]
+        return np.where(peers > 0, peers * p + full_slots % p, 0)  # type: ignore[no-any-return]
+
+    def _is_leaf(self, node: SWANode) -> bool:
+        """``_is_device_leaf``: holds full KV, no lock of either kind, no child, not root."""
+        return (
+            node is not self.root
+            and node.value is not None
+            and node.full_lock == 0
+            and node.swa_lock == 0
+            and not node.children
+        )
+
+    def _update_leaf(self, node: SWANode) -> None:
+        if self._is_leaf(node):
+            self.leaves.add(node)
+        else:
+            self.leaves.discard(node)
+
+    def _set_swa(self, node: SWANode, swa: SlotArray) -> None:
+        """``set_component_device_value``: store SWA slots, MRU, counted by lock state."""
+        node.swa = swa
+        self.version += 1
+        self.lru.insert_mru(node)
+        if node.swa_lock > 0:
+            self.swa_protected += len(swa)
+        else:
+            self.swa_evictable += len(swa)
+
+    def _split(self, child: SWANode, n: int) -> SWANode:
+        """parent -> new[:n] -> child[n:]; the new node inherits locks, the uuid moves up."""
+        assert child.parent is not None and child.value is not None and 0 < n < len(child.key)
+        new = self._new_node()
+        new.parent = child.parent
+        new.key, child.key = child.key[:n], child.key[n:]
+        new.children = {child.key.child_key(self.page_size): child}
+        new.full_lock, new.swa_lock = child.full_lock, child.swa_lock
+        new.value, child.value = child.value[:n].copy(), child.value[n:].copy()
+        if child.swa is not None:
+            new.swa, child.swa = child.swa[:n].copy(), child.swa[n:].copy()
+        new.swa_uuid, child.swa_uuid = child.swa_uuid, None
+        child.parent = new
+        new.parent.children[new.key.child_key(self.page_size)] = new
+        if new.swa is not None:
+            self.lru.insert_after(child, new)
+        child.last_access_time = self._tick()
+        self._update_leaf(new)
+        self._update_leaf(child)
+        return new
+
+    # ------------------------------------------------------------------ match
+    def match_prefix(self, key: RadixKey) -> SWAMatch:
+        """Longest prefix whose full KV is cached and whose SWA holds one window before its
+        end: a run of >= window untombstoned tokens after the last tombstone on the path (or
+        no tombstone at all). Splits where the key ends inside a node; stamps the best path."""
+        key = key.page_aligned(self.page_size)
+        if len(key) == 0:
+            return SWAMatch(0, EMPTY, self.root, 0)
+        node, pos, full_hit = self.root, 0, 0
+        values: list[SlotArray] = []
+        best, best_chunks = self.root, 0
+        since = float("inf")  # untombstoned tokens since the last tombstone
+        while pos < len(key):
+            child = node.children.get(key[pos:].child_key(self.page_size))
+            if child is None:
+                break
+            n = child.key.match(key[pos:], self.page_size)
+            full_hit += n
+            partial = n < len(child.key)
+            if partial:
+                child = self._split(child, n)
+            assert child.value is not None
+            values.append(child.value)
+            if child.swa is None:
+                since = 0
+            else:
+                since += len(child.key)
+                if since >= self.window:
+                    best, best_chunks = child, len(values)
+            node = child
+            pos += n
+            if partial:
+                break
+        self.lru.refresh_window(best, self.root, self.window + self.page_size)
+        self._stamp_path(best)
+        chunks = values[:best_chunks]
+        indices = np.concatenate(chunks) if chunks else EMPTY
+        return SWAMatch(len(indices), indices, best, full_hit)
+
+    def _stamp_path(self, node: SWANode | None) -> None:
+        now = self._tick()
+        while node is not None:
+            node.last_access_time = now
+            now -= 0.00001
+            node = node.parent
+
+    def path_indices(self, node: SWANode) -> SlotArray:
+        chunks = []
+        while node is not self.root:
+            assert node.value is not None and node.parent is not None
+            chunks.append(node.value)
+            node = node.parent
+        return np.concatenate(chunks[::-1]) if chunks else EMPTY
+
+    # ------------------------------------------------------------------ insert
+    def insert(
+        self, key: RadixKey, value: SlotArray, prev_prefix_len: int = 0, swa_evicted_seqlen: int = 0
+    ) -> tuple[int, SWANode]:
+        """Cache ``key`` with full slots ``value``; returns (tokens already cached, last node).
+
+        prev_prefix_len: the inserter's own tree-owned prefix (not freed as a duplicate).
+        swa_evicted_seqlen: the inserter already freed the SWA KV of its first this many tokens
+        (page-aligned): new nodes below it are tombstones, a fully evicted suffix becomes a
+        tombstone leaf, and tombstones past it adopt the inserter's KV.
+        Duplicates of cached tokens past prev_prefix_len are freed (only their full page where
+        their SWA peer is already gone).
+        """
+        if swa_evicted_seqlen % self.page_size:
+            raise ValueError(f"swa_evicted_seqlen={swa_evicted_seqlen} is not page-aligned")
+        key = key.page_aligned(self.page_size)
+        value = np.asarray(value, dtype=np.int64)[: len(key)]
+        if len(value) != len(key):
+            raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
+        self.root.last_access_time = self._tick()
+        node, total = self.root, 0
+        while total < len(key):
+            child = node.children.get(key[total:].child_key(self.page_size))
+            if child is None:
+                break
+            child.last_access_time = self._tick()
+            n = child.key.match(key[total:], self.page_size)
+            if n < len(child.key):
+                child = self._split(child, n)
+            self._overlap(child, total, value[total : total + n], prev_prefix_len, swa_evicted_seqlen)
+            node, total = child, total + n
+        prefix_len = total
+        target = node
+        if total < len(key):
+            target = self._add_leaf(node, key[total:], value[total:])
+            self.version += 1
+            self._populate(target, total, len(key), swa_evicted_seqlen)
+        if target is not self.root:
+            self.lru.refresh_window(target, self.root, self.window + self.page_size)
+        return prefix_len, target
+
+    def _overlap(
+        self, node: SWANode, start: int, incoming: SlotArray, prev_prefix_len: int, evicted: int
+    ) -> None:
+        """``update_component_on_insert_overlap`` and the duplicate frees of one walked node."""
+        n = len(incoming)
+        end = start + n
+        if prev_prefix_len >= end:
+            return
+        consumed_from = n
+        live_start = self._clip_to_window(node, start, end, evicted)
+        if live_start is not None:
+            fresh = incoming[live_start - start :]
+            if node.full_lock > 0:  # RecoverSWAWithLockedFull: keep the locked full KV
+                assert node.value is not None
+                peers = self.pool.move_swa(self._pages(fresh), self._pages(node.value))
+                self.pool.free_full_only(self._pages(fresh))
+                self._set_swa(node, self.to_swa(node.value))
+                assert len(peers) == len(node.value) // self.page_size
+            else:  # adopt the inserter's full + SWA KV, free the old full-only KV
+                assert node.value is not None
+                old = node.value
+                node.value = fresh.copy()
+                self.pool.free_full_only(self._pages(old))
+                self._set_swa(node, self.to_swa(node.value))
+            consumed_from = live_start - start
+        dup_start = max(0, prev_prefix_len - start)
+        if dup_start < consumed_from:
+            dup = incoming[dup_start:consumed_from]
+            already = min(max(evicted - (start + dup_start), 0), len(dup))
+            if already:
+                self.pool.free_full_only(self._pages(dup[:already]))
+            if already < len(dup):
+                self.pool.free(self._pages(dup[already:]))
+
+    def _clip_to_window(self, node: SWANode, start: int, end: int, evicted: int) -> int | None:
+        """Where a tombstone ``node`` covering [start, end) can take live SWA KV from an
+        inserter that freed its SWA below ``evicted`` (splitting off the part below); None if
+        the node is live or wholly below it."""
+        if node.swa is not None:
+            return None
+        live_start = max(start, evicted)
+        if live_start >= end:
+            return None
+        if live_start > start:
+            self._split(node, live_start - start)  # ``node`` keeps the upper part
+        return live_start
+
+    def _add_leaf(self, parent: SWANode, key: RadixKey, value: SlotArray) -> SWANode:
+        leaf = self._new_node()
+        leaf.parent = parent
+        leaf.key = RadixKey(key.token_ids.copy(), key.extra_key)
+        leaf.value = value.copy()
+        parent.children[leaf.key.child_key(self.page_size)] = leaf
+        self.full_evictable += len(value)
+        self._update_leaf(leaf)
+        self._update_leaf(parent)
+        return leaf
+
+    def _populate(self, leaf: SWANode, start: int, end: int, evicted: int) -> None:
+        """``commit_insert_component_data`` for a new leaf: give it SWA KV where the inserter
+        still holds it, capping a fresh leaf at one page-aligned window (the older part is
+        split off, so an SWA lock pins only one window)."""
+        live_start = self._clip_to_window(leaf, start, end, evicted)
+        if live_start is None:
+            return  # wholly below the inserter's SWA frontier: a tombstone leaf
+        parent = None
+        p = self.page_size
+        tail = -(-self.window // p) * p
+        if leaf.swa_lock == 0 and len(leaf.key) > tail:
+            parent = self._split(leaf, len(leaf.key) - tail)
+        for node in (parent, leaf):
+            if node is not None:
+                assert node.value is not None
+                self._set_swa(node, self.to_swa(node.value))
+
+    # ------------------------------------------------------------------ locks
+    def inc_lock_ref(self, node: SWANode) -> LockReceipt:
+        """Full lock on the path; SWA lock up to one window back (the window's end stamped)."""
+        if node.value is None:
+            raise ValueError(f"inc_lock_ref on deleted {node}")
+        cur = node
+        while cur is not self.root:
+            assert cur.parent is not None and cur.value is not None
+            if cur.full_lock == 0:
+                self.full_evictable -= len(cur.value)
+                self.full_protected += len(cur.value)
+            cur.full_lock += 1
+            self.leaves.discard(cur)
+            cur = cur.parent
+        cur, covered, uuid = node, 0, None
+        while cur is not self.root and covered < self.window:
+            if cur.swa_lock == 0 and cur.swa is not None:
+                self.swa_evictable -= len(cur.swa)
+                self.swa_protected += len(cur.swa)
+            cur.swa_lock += 1
+            covered += len(cur.key)
+            if covered >= self.window:
+                if cur.swa_uuid is None:
+                    self._next_uuid += 1
+                    cur.swa_uuid = self._next_uuid
+                uuid = cur.swa_uuid
+            assert cur.parent is not None
+            cur = cur.parent
+        self._update_leaf(node)
+        return LockReceipt(node, uuid)
+
+    def _release_swa_lock(self, receipt: LockReceipt) -> None:
+        cur = receipt.node
+        while cur is not self.root:
+            if cur.swa_lock <= 0:
+                raise RuntimeError(f"unbalanced SWA lock release at {cur}")
+            if cur.swa_lock == 1 and cur.swa is not None:
+                self.swa_evictable += len(cur.swa)
+                self.swa_protected -= len(cur.swa)
+            cur.swa_lock -= 1
+            if cur.swa_lock == 0:
+                self._update_leaf(cur)
+            if receipt.swa_uuid is not None and cur.swa_uuid == receipt.swa_uuid:
+                break
+            assert cur.parent is not None
+            cur = cur.parent
+
+    def dec_lock_ref(self, receipt: LockReceipt, swa_released: bool = False) -> None:
+        """Undo ``inc_lock_ref`` (SWA first, then full); skip SWA if released early."""
+        if not swa_released:
+            self._release_swa_lock(receipt)
+        cur = receipt.node
+        while cur is not self.root:
+            if cur.full_lock <= 0:
+                raise RuntimeError(f"unbalanced full lock release at {cur}")
+            assert cur.value is not None and cur.parent is not None
+            if cur.full_lock == 1:
+                self.full_evictable += len(cur.value)
+                self.full_protected -= len(cur.value)
+            cur.full_lock -= 1
+            if cur.full_lock == 0:
+                self._update_leaf(cur)
+            cur = cur.parent
+        self._update_leaf(receipt.node)
+
+    # ------------------------------------------------------------------ eviction
+    def _delete_leaf(self, node: SWANode, freed: list[int]) -> None:
+        """Free a leaf's full and SWA KV and delete it (``_delete_unbacked_device_leaf``)."""
+        assert node.value is not None and node.parent is not None and not node.children
+        pages = self._pages(node.value)
+        freed[0] += len(node.value)
+        self.full_evictable -= len(node.value)
+        if node.swa is not None:
+            freed[1] += len(node.swa)
+            self.swa_evictable -= len(node.swa)
+            self.lru.remove(node)
+            node.swa = None
+            self.pool.free_swa(pages)
+        self.pool.full.free(pages)
+        self.leaves.discard(node)
+        parent = node.parent
+        removed = parent.children.pop(node.key.child_key(self.page_size))
+        assert removed is node
+        node.value = None
+        self.version += 1
+        self._update_leaf(parent)
+
+    def _tombstone(self, node: SWANode, freed: list[int]) -> None:
+        assert node.swa is not None and node.value is not None
+        freed[1] += len(node.swa)
+        self.swa_evictable -= len(node.swa)
+        self.lru.remove(node)
+        node.swa = None
+        self.pool.free_swa(self._pages(node.value))
+        self.version += 1
+        self._update_leaf(node)
+
+    def evict(self, full_tokens: int, swa_tokens: int = 0, *, to_available: bool = False) -> tuple[int, int]:
+        """Evict for ``full_tokens`` full and ``swa_tokens`` SWA tokens; returns (full, SWA)
+        tokens freed. ``to_available``: SGLang's ``evict_for_alloc``: the requests are
+        shortfalls, and each phase stops once its pool has that much more free than before."""
+        p = self.page_size
+        freed = [0, 0]
+        avail = (self.pool.full.num_free * p, self.pool.swa.num_free * p)
+        targets = (
+            avail[0] + full_tokens if to_available and full_tokens > 0 else None,
+            avail[1] + swa_tokens if to_available and swa_tokens > 0 else None,
+        )
+
+        def reached(i: int) -> bool:
+            free = (self.pool.full.num_free, self.pool.swa.num_free)[i] * p
+            return targets[i] is not None and free >= targets[i]  # type: ignore[operator]
+
+        if full_tokens > 0 and not reached(0):
+            quota = (
+                max(full_tokens, freed[0] + self.full_evictable) if targets[0] is not None else full_tokens
+            )
+            heap = [(n.last_access_time, n) for n in self.leaves]
+            heapq.heapify(heap)
+            while freed[0] < quota and heap:
+                _, x = heapq.heappop(heap)
+                if x not in self.leaves:
+                    continue
+                parent = x.parent
+                self._delete_leaf(x, freed)
+                if reached(0):
+                    break
+                if parent in self.leaves:
+                    assert parent is not None
+                    heapq.heappush(heap, (parent.last_access_time, parent))
+        if swa_tokens > 0 and not reached(1) and freed[1] < swa_tokens:
+            cursor = self.lru.lru_unlocked()
+            while True:
+                if cursor is not None and cursor not in self.lru:
+                    cursor = self.lru.lru_unlocked()
+                if freed[1] >= swa_tokens or cursor is None:
+                    break
+                x = cursor
+                cursor = self.lru.prev_unlocked(x)
+                if x in self.leaves:
+                    self._delete_leaf(x, freed)
+                else:
+                    self._tombstone(x, freed)
+                if reached(1):
+                    break
+        return freed[0], freed[1]
+
+    def release_swa_early(self, receipt: LockReceipt) -> None:
+        """``dec_swa_lock_only``: drop the SWA part of a lock; a node left with no lock of
+        either kind and no child loses its SWA at once (with the full lock held: never)."""
+        cur = receipt.node
+        freed = [0, 0]
+        while cur is not self.root:
+            if cur.swa_lock <= 0:
+                raise RuntimeError(f"unbalanced SWA lock release at {cur}")
+            cur.swa_lock -= 1
+            if cur.swa_lock == 0:
+                self._update_leaf(cur)
+                if cur.swa is not None:
+                    self.swa_protected -= len(cur.swa)
+                    self.swa_evictable += len(cur.swa)
+                    if self._is_leaf(cur):
+                        self._tombstone(cur, freed)
+            if receipt.swa_uuid is not None and cur.swa_uuid == receipt.swa_uuid:
+                break
+            assert cur.parent is not None
+            cur = cur.parent
+
+    # ------------------------------------------------------------------ inspection
+    def iter_nodes(self) -> list[SWANode]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def check(self) -> None:
+        """AssertionError unless links, sizes, locks, the leaf set and the SWA list agree."""
+        fe = fp = se = sp = 0
+        leaves, in_lru = set(), set()
+        for node in self.iter_nodes():
+            parent = node.parent
+            assert parent is not None and node.value is not None, f"{node} detached or deleted"
+            assert len(node.value) == len(node.key) > 0 and len(node.key) % self.page_size == 0, (
+                f"{node}: bad length"
+            )
+            assert parent.children.get(node.key.child_key(self.page_size)) is node, f"{node} misfiled"
+            assert node.full_lock >= 0 and node.swa_lock >= 0, f"{node}: negative lock"
+            assert node.swa_lock == 0 or node.full_lock > 0, f"{node}: an SWA lock without a full lock"
+            if node.full_lock:
+                fp += len(node.value)
+                assert parent is self.root or parent.full_lock > 0, f"{node} locked, its parent not"
+            else:
+                fe += len(node.value)
+            if node.swa is not None:
+                assert len(node.swa) == len(node.value), f"{node}: swa length"
+                assert np.array_equal(self.to_swa(node.value), node.swa), f"{node}: swa slots != mapping"
+                in_lru.add(node.id)
+                if node.swa_lock:
+                    sp += len(node.swa)
+                else:
+                    se += len(node.swa)
+            else:
+                assert not (self.pool.full_to_swa[self._pages(node.value)] > 0).any(), (
+                    f"{node}: tombstone with SWA peers"
+                )
+            if self._is_leaf(node):
+                leaves.add(node.id)
+        assert (fe, fp) == (self.full_evictable, self.full_protected), f"full sizes drifted: {(fe, fp)}"
+        assert (se, sp) == (self.swa_evictable, self.swa_protected), f"swa sizes drifted: {(se, sp)}"
+        assert {n.id for n in self.leaves} == leaves, "evictable leaf set is stale"
+        assert in_lru == self.lru.members == {n.id for n in self.lru.order()}, "SWA LRU != live SWA nodes"
+
+
+__all__ = ["EMPTY", "SWALRU", "LockReceipt", "SWAMatch", "SWANode", "SWARadixTree"]

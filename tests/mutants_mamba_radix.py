@@ -1,0 +1,86 @@
+"""Mutants of the radix backend's Mamba path (SGLang 0.5.23 no_buffer, Marconi options), in the
+shape of tests/mutants.py: name -> (file, original text, mutated text), each original text
+occurring exactly once, and the suites that must catch every one of them
+(``HYPOTHESIS_PROFILE=ci``)."""
+
+from __future__ import annotations
+
+SUITES = [
+    "tests/test_radix_mamba.py",
+    "tests/test_radix_mamba_upstream.py",
+    "tests/test_stateful_mamba_radix.py",
+]
+
+_TREE = "backends/radix/mamba_tree.py"
+_BACKEND = "backends/radix/mamba_backend.py"
+_POOL = "backends/radix/mamba_pool.py"
+
+MUTANTS: dict[str, tuple[str, str, str]] = {
+    # A hit ends at the deepest matched node, state or not: the recurrent state is off the
+    # checkpoint (the match is not cut back to the deepest node holding a state).
+    "mamba radix: state hit off the checkpoint": (
+        _TREE,
+        "            if node.mamba is not None:\n                best, best_len = node, pos\n",
+        "            if True:\n                best, best_len = node, pos\n",
+    ),
+    # The Mamba lock no longer pins the locked node's state against Mamba eviction.
+    "mamba radix: Mamba lock ignored by state eviction": (
+        _TREE,
+        "if node.id not in self.lru or node.mamba_lock:",
+        "if node.id not in self.lru or node.mamba_lock > 1:",
+    ),
+    # The Mamba lock covers the path like the full lock: ancestors' states can no longer go.
+    "mamba radix: Mamba lock over the whole path": (
+        _TREE,
+        "if node.id not in self.lru or node.mamba_lock:",
+        "if node.id not in self.lru or node.full_lock:",
+    ),
+    # A split leaves the upper part holding the lower part's state (not a tombstone).
+    "mamba radix: split does not tombstone the upper part": (
+        _TREE,
+        "        new.full_lock = child.full_lock\n",
+        "        new.full_lock = child.full_lock\n        new.mamba = child.mamba\n",
+    ),
+    # Full eviction takes the most recently used leaf.
+    "mamba radix: full eviction MRU first": (
+        _TREE,
+        "leaf = min(leaves, key=lambda n: n.last_access)",
+        "leaf = max(leaves, key=lambda n: n.last_access)",
+    ),
+    # Mamba eviction walks its LRU from the new end.
+    "mamba radix: state eviction MRU first": (
+        _TREE,
+        "            holders = list(self.lru.values())\n",
+        "            holders = list(reversed(self.lru.values()))\n",
+    ),
+    # A match refreshes nothing in the Mamba LRU (SGLang: the used state goes to MRU).
+    "mamba radix: match does not refresh the used state": (
+        _TREE,
+        "        if best.mamba is not None:\n            self.lru.move_to_end(best.id)\n",
+        "        if False:\n            self.lru.move_to_end(best.id)\n",
+    ),
+    # No state copied at a prefill chunk end (SGLang's cache_unfinished_req stores one).
+    "mamba radix: no state at chunk ends": (
+        _BACKEND,
+        "        if not self._insert(req, live, computed, slot):\n",
+        "        if not self._insert(req, live, computed, None):\n",
+    ),
+    # The finish does not donate the request's state to the tree.
+    "mamba radix: finish does not donate its state": (
+        _BACKEND,
+        "if computed and self._insert(req, live, computed, live.state):",
+        "if computed and self._insert(req, live, computed, None):",
+    ),
+    # The state pool gets the ratio of the whole budget, not r / (1 + r).
+    "mamba radix: pool sizes ignore the 1 + r split": (
+        _POOL,
+        "states = int((budget * ratio / (1 + ratio) - per_slot) // per_slot)",
+        "states = int((budget * ratio - per_slot) // per_slot)",
+    ),
+    # Marconi checkpoints one token before the junction.
+    "mamba radix: Marconi junction off by one": (
+        _BACKEND,
+        "            junction = m.full_length  # a branch point",
+        "            junction = m.full_length - 1  # a branch point",
+    ),
+}
