@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full reproduce lint clean
+.PHONY: setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -64,6 +64,10 @@ upstream: $(STAMP)
 # writes the committed results/whole_traces_full/ that reproduce reads.
 whole-traces-full: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.figures.study_whole_traces --scale full --out results
+
+# The hybrid study's whole-trace cells (12, about half an hour on 2 cores): results/hybrid_traces/.
+hybrid-traces: $(STAMP)
+	$(BIN)/python -c "from pathlib import Path; from prefixcache.experiments.figures import study_hybrid as s; s.run_traces(Path('results'), False, 2)"
 
 reproduce: $(STAMP)
 	$(BIN)/python -m prefixcache reproduce --scale $(SCALE) $(if $(FORCE),--force,)

@@ -185,7 +185,7 @@ class Engine:
             match = plan.matches.get(req.request_id)
             match = self._lookup(req) if match is None else self._timed(req, self.cache.revalidate, match)
             start = match.tokens  # the chunk begins after the hit
-            n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget)
+            n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget, match)
             if n == 0:
                 break
             if not self._allocate(req, n, match):

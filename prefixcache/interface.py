@@ -334,12 +334,21 @@ class PrefixCache(ABC, Generic[S]):
     def live_requests(self) -> list[Request]:
         return [live.request for live in self._live.values()]
 
-    def prefill_chunk(self, req: Request, start: int, num_new_tokens: int, max_chunk: int) -> int:
+    def prefill_chunk(
+        self, req: Request, start: int, num_new_tokens: int, max_chunk: int, match: Match | None = None
+    ) -> int:
         """How many of the ``num_new_tokens`` from token ``start`` on that a scheduler offers
-        ``req`` this step it should compute (``max_chunk``: the step's token limit); 0 means wait
-        for a later step. Default: all. vLLM's Mamba "align" mode ends prefill chunks on block
+        ``req`` this step it should compute (``max_chunk``: the step's token limit; ``match``:
+        the admission's match, for a request not yet live); 0 means wait for a later step.
+        Default: all. vLLM's Mamba "align" mode ends prefill chunks on block
         boundaries, because a recurrent state is cached only where a chunk ends."""
         return num_new_tokens
+
+    def memory_in_use(self) -> int:
+        """Memory pinned by running requests, in layer-token units (``CacheConfig
+        .layer_token_budget``): what they keep from everyone else. Default: the in-use pages of
+        one page table that every layer shares."""
+        return self.usage().in_use * self.page_size * self.config.model_layout.num_layers
 
     def num_usable_pages(self) -> int:
         """Pages ``usage`` accounts for: ``config.num_usable_pages``, unless the backend sizes

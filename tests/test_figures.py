@@ -62,7 +62,7 @@ def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) 
         defined |= set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}", (paper / i).read_text()))
     tex = MAIN_TEX.read_text()
     guarded = re.sub(r"\\ifx.*?\\fi", "", tex, flags=re.S)
-    prefixes = "gran|cap|sched|ev|pol|ttft|wt|ops|cost|sc|div|kernel"
+    prefixes = "gran|cap|sched|ev|pol|ttft|wt|ops|cost|sc|div|kernel|hyb"
     used = set(re.findall(rf"\\((?:{prefixes})[A-Z][A-Za-z]*)", guarded))
     assert used <= defined, f"undefined macros: {sorted(used - defined)}"
     # Every \ref has its \label in the text or in a snippet (no LaTeX here to say "??").

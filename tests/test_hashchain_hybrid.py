@@ -433,3 +433,31 @@ def test_mamba_prefill_chunks_end_on_block_boundaries_as_vllms_align_scheduler()
     # again, to the boundary 1056 (its last cacheable one); b starts at its hit, 1056
     assert ends == [(0, 512), (512, B), (B, B + 512), (B + 512, 2 * B)]
     assert cache.stats.hits == 2 * B
+
+
+def test_mamba_prefill_stops_at_the_shared_prefix_junction_so_a_third_request_hits_it() -> None:
+    """vLLM 0.33 (``enable_mamba_shared_prefix_checkpoint`` off): a request whose admission
+    found a longer full-attention hit than the joint one (the junction) ends a chunk at the
+    junction floored to a block, so its state there is cached (sparse retention keeps
+    junction tails) and the next request sharing the prefix resumes from it."""
+    from prefixcache import Engine, Request
+
+    cache = make_cache("hashchain", CacheConfig(1 << 17, 16, layout="mamba-hybrid"))
+    B = cache.page_size
+    shared = list(range(7, 1707))  # 1700 tokens: 3 whole blocks (1584)
+    a = Request("a", shared + [1] * 500, max_new_tokens=1)
+    b = Request("b", shared + [2] * 1000, max_new_tokens=1, arrival_time=1e6)
+    c = Request("c", shared + [3] * 300, max_new_tokens=1, arrival_time=2e6)
+    match_b: list[int] = []
+    lookup = cache.lookup
+
+    def spy(r: Request):
+        m = lookup(r)
+        if r is b:
+            match_b.append(m.shared_prefix_boundary)  # type: ignore[attr-defined]
+        return m
+
+    cache.lookup = spy  # type: ignore[method-assign]
+    Engine(cache, "fcfs", 4096, check_invariants=True).run([a, b, c])
+    assert match_b and match_b[0] == 3 * B, "b's admission found no junction: the test proves nothing"
+    assert cache.stats.hits == 3 * B  # c resumed at the junction b checkpointed (a and b: 0)

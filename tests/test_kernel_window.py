@@ -12,6 +12,7 @@ or a slot past a sequence's length, turns its output NaN.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -284,3 +285,26 @@ def test_bad_window_is_a_clear_error(window: object) -> None:
             attention(*batch, sliding_window=window)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sliding_window"):
         choose_num_kv_splits(1, 1, 1, 100, 1, sliding_window=window)  # type: ignore[arg-type]
+
+
+VLLM_WINDOW = Path(__file__).parent / "fixtures" / "upstream" / "kernel" / "vllm_window.pt"
+
+
+@pytest.mark.parametrize("page_size, window", [(16, 5), (16, 37), (32, 16), (32, 1000)])
+def test_window_matches_vllms_own_unified_attention_kernel(page_size: int, window: int) -> None:
+    """Outputs recorded from vLLM 0.33's Triton ``unified_attention`` (interpreter, CPU) by
+    experiments/upstream/vllm_window_driver.py, on the same seeded inputs: our kernel and our
+    reference give them (stored as fp16), and a window one token wider does not."""
+    from prefixcache.experiments.upstream.window_cases import build
+
+    recorded = torch.load(VLLM_WINDOW)
+    assert recorded["vllm"] == "0.33.0"
+    want = recorded["outputs"][f"{page_size}-{window}"].float()
+    x = build(page_size, window)
+    args = (x["q"], x["k"], x["v"], x["page_table"], x["cu_seqlens_q"], x["seq_lens"])
+    assert torch.isfinite(want).all()
+    for attend in (paged_attention, paged_attention_reference):
+        assert (attend(*args, sliding_window=window) - want).abs().max() < 2e-3
+    if window < max(x["seq_lens"].tolist()):
+        wider = paged_attention_reference(*args, sliding_window=window + 1)
+        assert (wider - want).abs().max() > 0.05

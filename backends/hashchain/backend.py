@@ -112,6 +112,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             self.attention_groups = [g.spec for g in plan.groups]
             group_layers = [g.layers for g in plan.groups]
             self.num_padding_layers = plan.num_padding_layers
+            self._layers_per_block = plan.group_size  # one block id = a page in each group layer
             # vLLM raises the block so a page holds a Mamba state: pages are that many tokens.
             block_size = self.page_size = hybrid_block_size(config.model_layout, config.page_size)
             num_blocks = plan.num_blocks(config.layer_token_budget, block_size)
@@ -126,6 +127,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             if not groups:
                 raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
             self.attention_groups = [AttentionGroupSpec.parse(g) for g in groups]
+            self._layers_per_block = config.model_layout.num_layers if attention_groups is None else 1
             all_layers = tuple(range(config.model_layout.num_layers))
             group_layers = [all_layers if attention_groups is None else () for _ in self.attention_groups]
             self.num_padding_layers = 0
@@ -237,18 +239,21 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
     def _layout_note(self) -> str:
         return f" over {len(self.attention_groups)} attention groups"
 
-    def prefill_chunk(self, req: Request, start: int, num_new_tokens: int, max_chunk: int) -> int:
+    def prefill_chunk(
+        self, req: Request, start: int, num_new_tokens: int, max_chunk: int, match: Match | None = None
+    ) -> int:
         """vLLM 0.33's ``Scheduler._mamba_block_aligned_split`` for a model with a Mamba group
         (a state is written where a chunk ends, and cached only at block boundaries):
 
         - a chunk short of the prefill's end ends on a block boundary, unless that leaves
           nothing and a block is wider than a step (then it advances sub-block);
         - then it stops at the first mandatory position strictly inside it: the next boundary
-          if it starts mid-block, and the last boundary a hit can resume at
-          (``get_mamba_prefill_checkpoint_position``: ``num_tokens - 1`` floored to a block).
+          if it starts mid-block; the last boundary a hit can resume at
+          (``get_mamba_prefill_checkpoint_position``: ``num_tokens - 1`` floored to a block);
+          the request's shared-prefix junction (found at its admission lookup), floored to a
+          block, as with ``enable_mamba_shared_prefix_checkpoint`` off (the default).
 
-        Not modelled: the shared-prefix junction stop (``enable_mamba_shared_prefix_checkpoint``,
-        off by default) and partial-block checkpoints (we have no partial Mamba hits)."""
+        Not modelled: partial-block checkpoints (we have no partial Mamba hits) and EAGLE."""
         if not self._has_mamba:
             return num_new_tokens
         B = self.page_size
@@ -260,10 +265,21 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             aligned = end // B * B
             if aligned > start or max_chunk >= B:
                 end = aligned
+        if isinstance(match, BlockMatch):
+            junction = match.shared_prefix_boundary
+        else:
+            junction = self.manager.shared_prefix_boundary.get(req.request_id, 0)
         next_boundary = (start // B + 1) * B if start % B else 0
         last_cache_position = max((req.num_tokens - 1) // B * B, 0)
-        end = min((stop for stop in (next_boundary, last_cache_position) if start < stop < end), default=end)
+        junction_stop = start + (junction - start) // B * B if start < junction < end else 0
+        stops = (next_boundary, last_cache_position, junction_stop)
+        end = min((stop for stop in stops if start < stop < end), default=end)
         return max(end - start, 0)
+
+    def memory_in_use(self) -> int:
+        """Blocks with a holder, each a page in every layer of its group (padding included, as
+        vLLM sizes the pool)."""
+        return self.usage().in_use * self.page_size * self._layers_per_block
 
     def num_usable_pages(self) -> int:
         """The block pool, which a hybrid layout sizes from the memory budget (vLLM)."""

@@ -341,6 +341,17 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
         free, evictable = self.kv.num_free, self.tree.full_evictable
         return PageUsage(free, evictable, self.sizes.kv_tokens - free - evictable)
 
+    def num_usable_pages(self) -> int:
+        """The full KV pool's slots, which ``usage`` reports (``state_usage`` the states')."""
+        return self.sizes.kv_tokens
+
+    def memory_in_use(self) -> int:
+        """Pinned KV slots (one per token in every full layer) and pinned state slots (one
+        state of every Mamba layer each)."""
+        layout = self.config.model_layout
+        state_units = sum(layer.state_tokens or 0 for layer in layout.layers)
+        return self.usage().in_use * layout.count("full") + self.state_usage().in_use * state_units
+
     def state_usage(self) -> PageUsage:
         free, evictable = self.states.num_free, self.tree.mamba_evictable
         return PageUsage(free, evictable, self.sizes.states - free - evictable)

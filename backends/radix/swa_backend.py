@@ -321,6 +321,17 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         evictable = self.tree.full_evictable // self.page_size
         return PageUsage(free, evictable, self.pool.full.num_pages - 1 - free - evictable)
 
+    def num_usable_pages(self) -> int:
+        """The full pool's, which ``usage`` reports (``swa_usage`` the other's)."""
+        return self.pool.full.num_pages - 1
+
+    def memory_in_use(self) -> int:
+        """Pinned pages of both pools, each a page in every layer that pool serves."""
+        layout = self.config.model_layout
+        p = self.page_size
+        return (self.usage().in_use * p * layout.count("full")
+                + self.swa_usage().in_use * p * layout.count("sliding_window"))
+
     def swa_usage(self) -> PageUsage:
         """The sliding-window pool's pages, the same three ways."""
         free = self.pool.swa.num_free

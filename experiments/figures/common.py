@@ -127,10 +127,11 @@ def make_requests(config: dict[str, Any]) -> list[Request]:
 
 def build_cache(config: dict[str, Any]) -> PrefixCache:
     options = dict(config["options"])
-    if config["backend"] == "radix":
-        # A counter instead of wall time: the same run always breaks LRU ties the same way.
-        options.setdefault("clock", itertools.count().__next__)
     config_ = CacheConfig(config["capacity_tokens"], config["page_size"], layout=config.get("layout"))
+    if config["backend"] == "radix" and not config_.is_hybrid:
+        # A counter instead of wall time: the same run always breaks LRU ties the same way (the
+        # hybrid caches count already, as SGLang's get_and_increase_time_counter).
+        options.setdefault("clock", itertools.count().__next__)
     return make_cache(config["backend"], config_, **options)
 
 
@@ -175,26 +176,11 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
-def held_units(cache: PrefixCache, req: Request) -> int:
-    """Memory ``req`` holds now, in layer-token units (``CacheConfig.layer_token_budget``): per
-    KV group, its real (non-null) pages x page size x the model layers reading them; a Mamba
-    group's state counts the layers' state size instead of a page's tokens."""
-    layers = cache.config.model_layout.layers
-    total = 0
-    for group, table in zip(cache.kv_groups(), cache.page_tables(req), strict=True):
-        pages = len({p for p in table if p != 0})
-        if group.kind == "mamba":
-            total += pages * sum(layers[i].state_tokens or 0 for i in group.layers)
-        else:
-            total += pages * group.page_size * len(group.layers)
-    return total
-
-
 def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> pd.DataFrame:
     """``replay`` with the prompt prefilled ``chunk`` tokens per step (allocate, compute,
     commit), as an engine's token budget cuts it (and as the cache's ``prefill_chunk`` aligns
     it), so that a sliding-window layer can free what leaves its window mid-prompt. Also
-    records the peak memory each request held."""
+    records the peak memory each request pinned (``memory_in_use``: it runs alone)."""
     rows = []
     usable = cache.config.usable_tokens
     for r in reqs:
@@ -203,14 +189,14 @@ def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> p
             continue
         t0 = time.perf_counter_ns()
         match = cache.lookup(r)
-        step = cache.prefill_chunk(r, match.tokens, min(chunk, r.num_tokens - match.tokens), chunk)
+        step = cache.prefill_chunk(r, match.tokens, min(chunk, r.num_tokens - match.tokens), chunk, match)
         if not cache.allocate(r, step, match):
             raise RuntimeError(f"replay: {r.request_id} does not fit in an otherwise idle cache")
         hit, peak = r.num_computed_tokens, 0
         while step:
             r.num_computed_tokens += step
             cache.commit(r)
-            peak = max(peak, held_units(cache, r))
+            peak = max(peak, cache.memory_in_use())
             start = r.num_computed_tokens
             step = cache.prefill_chunk(r, start, min(chunk, r.num_tokens - start), chunk)
             if step and not cache.allocate(r, step):
@@ -221,7 +207,7 @@ def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> p
             if cache.allocate(r, len(planned) - 1):
                 r.num_computed_tokens = r.num_tokens - 1
                 cache.commit(r)
-                peak = max(peak, held_units(cache, r))
+                peak = max(peak, cache.memory_in_use())
         cache.release(r)
         rows.append((r.request_id, r.num_prompt_tokens, hit, False, time.perf_counter_ns() - t0, peak))
     cols = ["request_id", "prompt_tokens", "hit_tokens", "rejected", "cache_op_ns", "peak_units"]
@@ -308,8 +294,10 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
 
 
 def flat_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Config fields as table columns: nested dicts become JSON strings, params spread out."""
-    row = {k: v for k, v in config.items() if not isinstance(v, dict)}
+    """Config fields as table columns: nested dicts and lists (a layout spelled out) become
+    JSON strings, params spread out."""
+    row = {k: json.dumps(v) if isinstance(v, list) else v
+           for k, v in config.items() if not isinstance(v, dict)}
     nested = {k: v for k, v in config.items() if isinstance(v, dict) and k != "params"}
     row.update({k: json.dumps(v, sort_keys=True) for k, v in nested.items()})
     row.update({f"param_{k}": v for k, v in config.get("params", {}).items()})

@@ -26,6 +26,7 @@ from prefixcache.experiments.figures import (
     fig_divergence,
     fig_eviction,
     fig_granularity,
+    fig_hybrid,
     fig_kernel,
     fig_ops,
     fig_policies,
@@ -38,6 +39,7 @@ from prefixcache.experiments.figures import (
     study_divergence,
     study_eviction,
     study_granularity,
+    study_hybrid,
     study_scheduling,
     study_side_channel,
     study_ttft,
@@ -50,10 +52,10 @@ from prefixcache.experiments.figures import (
 from prefixcache.experiments.figures.common import SCALES
 
 STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduling, study_eviction,
-           study_ttft, study_side_channel, study_divergence]
+           study_ttft, study_side_channel, study_divergence, study_hybrid]
 FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
            fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces, tab_cost_model,
-           fig_side_channel, fig_divergence]
+           fig_side_channel, fig_divergence, fig_hybrid]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 
