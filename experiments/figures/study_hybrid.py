@@ -48,6 +48,7 @@ from prefixcache.experiments.figures.common import (
     save_study,
     study_main,
 )
+from prefixcache.experiments.figures.study_whole_traces import machine
 from prefixcache.experiments.inputs.workloads import available_workloads
 
 STUDY = "hybrid"
@@ -150,8 +151,9 @@ def run_traces(out: Path, force: bool, jobs: int) -> Path:
             "hit_rate", "prompt_tokens", "hit_tokens", "evicted_tokens", "peak_units_mean",
             "peak_units_per_prompt_token", "layer_token_budget", "wall_s"]
     cells[keep].to_csv(folder / "summary.csv", index=False)
-    meta = dict(command=" ".join(sys.argv), date=time.strftime("%Y-%m-%d"), chunk=TRACE_CHUNK,
-                wall_s=round(time.perf_counter() - t0, 1))
+    command = "make hybrid-traces" if sys.argv[:1] == ["-c"] else " ".join(sys.argv)
+    meta = dict(command=command, date=time.strftime("%Y-%m-%d"), machine=machine(), chunk=TRACE_CHUNK,
+                jobs=jobs, wall_s=round(time.perf_counter() - t0, 1))
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"{TRACES_STUDY}: {len(cells)} cells -> {folder / 'summary.csv'}")
     return folder
