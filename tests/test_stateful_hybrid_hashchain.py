@@ -30,8 +30,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
-    RuleBasedStateMachine,
-    consumes,
     initialize,
     invariant,
     multiple,
@@ -41,6 +39,7 @@ from hypothesis.stateful import (
 
 from prefixcache import CacheConfig, Request, make_cache
 from prefixcache.interface import KVGroup
+from tests.stateful_admission import AdmissionRules
 from tests.test_stateful import ShadowKV
 
 VOCAB = 3
@@ -71,7 +70,7 @@ def read_positions(group: KVGroup, num_computed: int) -> range:
     return range(num_computed)
 
 
-class HybridLifecycle(RuleBasedStateMachine):
+class HybridLifecycle(AdmissionRules):
     layout: list = []
     retention: int | None = 0
     capacity_tokens = 28  # per layer: small, so requests evict each other
@@ -184,19 +183,6 @@ class HybridLifecycle(RuleBasedStateMachine):
         self._compute(req, n)
         self.live_reqs[req.request_id] = req
         return multiple()
-
-    @rule(target=waiting, req=consumes(waiting), chunk=st.integers(1, 32))
-    def admit(self, req: Request, chunk: int):  # type: ignore[no-untyped-def]
-        return self._admit(req, self.cache.lookup(req), chunk, "hit")
-
-    @rule(target=matched, req=consumes(waiting))
-    def look_up(self, req: Request):  # type: ignore[no-untyped-def]
-        return multiple((req, self.cache.lookup(req)))
-
-    @rule(target=waiting, item=consumes(matched), chunk=st.integers(1, 32))
-    def admit_with_stale_match(self, item: tuple, chunk: int):  # type: ignore[no-untyped-def]
-        req, match = item
-        return self._admit(req, match, chunk, "hit of a stale match")
 
     @precondition(lambda self: self.live_reqs)
     @rule(data=st.data(), chunk=st.integers(1, 12))

@@ -27,8 +27,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
-    RuleBasedStateMachine,
-    consumes,
     initialize,
     invariant,
     multiple,
@@ -37,6 +35,7 @@ from hypothesis.stateful import (
 )
 
 from prefixcache import CacheConfig, PrefixCache, Request, make_cache
+from tests.stateful_admission import AdmissionRules
 
 VOCAB = 3
 STEPS: dict[str, int] = {}  # invariant checks run, per machine
@@ -89,7 +88,7 @@ class ShadowKV:
             assert got == self.content(req, pos), f"{what}: {req.request_id} SWA position {pos} reads {got}"
 
 
-class HybridLifecycle(RuleBasedStateMachine):
+class HybridLifecycle(AdmissionRules):
     page_size = 1
     window = 4
     capacity_tokens = 40
@@ -164,19 +163,6 @@ class HybridLifecycle(RuleBasedStateMachine):
         self._compute(req, n)
         self.live_reqs[req.request_id] = req
         return multiple()
-
-    @rule(target=waiting, req=consumes(waiting), chunk=st.integers(1, 32))
-    def admit(self, req: Request, chunk: int):  # type: ignore[no-untyped-def]
-        return self._admit(req, self.cache.lookup(req), chunk, "hit")
-
-    @rule(target=matched, req=consumes(waiting))
-    def look_up(self, req: Request):  # type: ignore[no-untyped-def]
-        return multiple((req, self.cache.lookup(req)))
-
-    @rule(target=waiting, item=consumes(matched), chunk=st.integers(1, 32))
-    def admit_with_match(self, item: tuple, chunk: int):  # type: ignore[no-untyped-def]
-        req, match = item
-        return self._admit(req, match, chunk, "hit of a stale match")
 
     @precondition(lambda self: self.live_reqs)
     @rule(data=st.data(), chunk=st.integers(1, 12), decode=st.integers(1, 10))

@@ -31,8 +31,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
-    RuleBasedStateMachine,
-    consumes,
     initialize,
     invariant,
     multiple,
@@ -44,6 +42,7 @@ from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
 from prefixcache.backends.radix.mamba_tree import MambaNode
 
 from prefixcache import CacheConfig, Request
+from tests.stateful_admission import AdmissionRules
 
 VOCAB = 3
 STEPS: dict[str, int] = {}
@@ -76,7 +75,8 @@ def tree_states(cache: MambaRadixPrefixCache) -> dict[int, tuple]:
     return out
 
 
-class MambaLifecycle(RuleBasedStateMachine):
+class MambaLifecycle(AdmissionRules):
+    max_chunk = 12
     capacity_tokens = 24  # layer budget 48: 4 state slots of 4 units, 28 KV slots
     layout: tuple = (("mamba", 4), ("full",))
     options: dict = {}
@@ -178,19 +178,6 @@ class MambaLifecycle(RuleBasedStateMachine):
         self._compute(req, n)
         self.live_reqs[req.request_id] = req
         return multiple()
-
-    @rule(target=waiting, req=consumes(waiting), chunk=st.integers(1, 12))
-    def admit(self, req: Request, chunk: int):  # type: ignore[no-untyped-def]
-        return self._admit(req, self.cache.lookup(req), chunk, "hit")
-
-    @rule(target=matched, req=consumes(waiting))
-    def look_up(self, req: Request):  # type: ignore[no-untyped-def]
-        return multiple((req, self.cache.lookup(req)))
-
-    @rule(target=waiting, item=consumes(matched), chunk=st.integers(1, 12))
-    def admit_with_match(self, item: tuple, chunk: int):  # type: ignore[no-untyped-def]
-        req, match = item
-        return self._admit(req, match, chunk, "hit of a stale match")
 
     @precondition(lambda self: self.live_reqs)
     @rule(data=st.data(), chunk=st.integers(1, 8), decode=st.integers(1, 6))
