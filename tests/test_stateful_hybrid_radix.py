@@ -48,7 +48,8 @@ def _settings() -> settings:
         # 4 machines x 400 runs of up to 100 steps: about 1.3 x 10^5 steps (issue 15 asks for
         # 10^5; runs end early, 260 gave 83,016), some 8 minutes on 2 cores.
         return settings(max_examples=400, stateful_step_count=100)
-    return settings(max_examples=25, stateful_step_count=40)
+    # Derandomized: the not-vacuous counters below are then the same in every run.
+    return settings(max_examples=25, stateful_step_count=40, derandomize=True)
 
 
 class ShadowKV:
@@ -265,5 +266,8 @@ def test_the_machines_slid_their_windows() -> None:
         pytest.skip("run with the machines above")
     for name in STEPS:
         assert SLID.get(name, 0) > 0, f"{name} never freed an out-of-window SWA page of a live request"
-    assert sum(OUTGREW.values()) > 0, "no request ever outgrew the SWA pool"
+    # Each machine counts in its own test process (pytest-xdist may split them): the one sized
+    # for it must have seen requests outgrow the SWA pool.
+    if "GemmaLikePage4" in STEPS:
+        assert OUTGREW.get("GemmaLikePage4", 0) > 0, "no request ever outgrew the SWA pool"
     print(f"hybrid stateful steps: {STEPS} (total {sum(STEPS.values())}); outgrew the SWA pool: {OUTGREW}")

@@ -54,7 +54,8 @@ def _settings() -> settings:
     if os.environ.get("HYPOTHESIS_PROFILE") == "thorough":
         # 2 machines x 800 runs of up to 100 steps: over 10^5 steps (issue 15), runs end early
         return settings(max_examples=800, stateful_step_count=100)
-    return settings(max_examples=25, stateful_step_count=40)
+    # Derandomized: the not-vacuous counters below are then the same in every run.
+    return settings(max_examples=25, stateful_step_count=40, derandomize=True)
 
 
 def content(req: Request, n: int) -> tuple:
