@@ -148,7 +148,9 @@ class Engine:
         while i < len(running) and budget > 0:
             req = running[i]
             start = req.num_computed_tokens
-            n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget)
+            n = min(req.num_tokens - start, budget)
+            if req.request_id in self._in_prefill:  # a decode step is one token: nothing to cut
+                n = self.cache.prefill_chunk(req, start, n, budget)
             if n == 0:  # the cache wants this chunk to wait (an aligned end is out of reach)
                 i += 1
                 continue

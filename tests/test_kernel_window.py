@@ -13,7 +13,6 @@ or a slot past a sequence's length, turns its output NaN.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 import torch
@@ -27,17 +26,11 @@ from prefixcache.kernels.paged_attention import (
 )
 from prefixcache.kernels.reference import end_aligned_causal_mask, paged_attention_reference
 
+from tests.test_kernel import DEVICE, NUM_KV_HEADS, TOLERANCE, Batch  # the kernel tests' own
+
 pytestmark = pytest.mark.kernel
 
-# Kernel vs reference, both accumulating in fp32 (the same tolerances as tests/test_kernel.py).
-TOLERANCE = {
-    torch.float32: dict(atol=2e-5, rtol=2e-5),
-    torch.float16: dict(atol=2e-3, rtol=2e-3),
-    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
-}
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-NUM_KV_HEADS = 2
-HEAD_DIM = 16
+HEAD_DIM = 16  # smaller than the kernel tests' 32: these contexts are longer
 
 # (q_len per sequence, seq_len per sequence): the new tokens are the last q_len of seq_len.
 # Contexts reach past two KV tiles (BLOCK_N = 64) so that windows skip whole tiles.
@@ -51,15 +44,6 @@ SCENARIOS = {
 # the page nor of the tile) and 1000 (more than any context: full attention). A window of one
 # tile (64) is in the page-size test below.
 WINDOWS = [1, 5, 16, 37, 1000]
-
-
-class Batch(NamedTuple):
-    q: torch.Tensor  # [T, Hq, D]
-    k_cache: torch.Tensor  # [num_pages, page_size, Hkv, D]
-    v_cache: torch.Tensor  # [num_pages, page_size, Hkv, D]
-    page_table: torch.Tensor  # int32 [B, max_pages]
-    cu_seqlens_q: torch.Tensor  # int32 [B + 1]
-    seq_lens: torch.Tensor  # int32 [B]
 
 
 def first_visible(q_len: int, seq_len: int, window: int) -> int:

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 kv_events = pytest.importorskip("prefixcache.kv_events", reason="needs msgspec (the events extra)")
+from prefixcache.experiments.upstream.kv_event_cases import build_batch  # noqa: E402
+
 from prefixcache.kv_events import (  # noqa: E402
     AllBlocksCleared,
     BlockRemoved,
@@ -26,20 +28,7 @@ KINDS = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCle
 
 
 def ours(case: dict[str, Any]) -> KVEventBatch:
-    def h(x: Any) -> Any:
-        return bytes.fromhex(x) if isinstance(x, str) else x
-
-    events = []
-    for e in case["events"]:
-        fields = {k: v for k, v in e.items() if k != "kind"}
-        if "block_hashes" in fields:
-            fields["block_hashes"] = [h(x) for x in fields["block_hashes"]]
-        if fields.get("parent_block_hash") is not None:
-            fields["parent_block_hash"] = h(fields["parent_block_hash"])
-        if "extra_keys" in fields:
-            fields["extra_keys"] = [tuple(k) for k in fields["extra_keys"]]
-        events.append(KINDS[e["kind"]](**fields))
-    return KVEventBatch(ts=case["ts"], events=events, data_parallel_rank=case["rank"])
+    return build_batch(case, KINDS, KVEventBatch)  # type: ignore[no-any-return]
 
 
 CASES = json.loads(FIXTURE.read_text())["cases"]

@@ -146,6 +146,20 @@ def reset_requests(reqs: Sequence[Request]) -> None:
         r.num_preemptions = 0
 
 
+def cache_planned_answer(cache: PrefixCache, r: Request) -> bool:
+    """A planned answer that the next turn repeats: its KV (all but the last token, which is
+    never fed back) is cached as a decode would leave it. True if it was."""
+    planned = r.planned_output_ids
+    if not (isinstance(planned, tuple) and len(planned) > 1 and r.num_output_tokens == 0):
+        return False
+    r.append_output_token_ids(planned)
+    if not cache.allocate(r, len(planned) - 1):
+        return False
+    r.num_computed_tokens = r.num_tokens - 1
+    cache.commit(r)
+    return True
+
+
 def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
     """Requests one at a time: lookup, allocate the rest of the prompt, commit, then (if the
     workload planned one) the answer, release. No batching, no engine clock."""
@@ -162,14 +176,7 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
         hit = r.num_computed_tokens
         r.num_computed_tokens = r.num_tokens
         cache.commit(r)
-        planned = r.planned_output_ids
-        # A planned answer that the next turn repeats: its KV (all but the last token, which
-        # is never fed back) is cached as a decode would leave it.
-        if isinstance(planned, tuple) and len(planned) > 1 and r.num_output_tokens == 0:
-            r.append_output_token_ids(planned)
-            if cache.allocate(r, len(planned) - 1):
-                r.num_computed_tokens = r.num_tokens - 1
-                cache.commit(r)
+        cache_planned_answer(cache, r)
         cache.release(r)
         rows.append((r.request_id, r.num_prompt_tokens, hit, False, time.perf_counter_ns() - t0))
     cols = ["request_id", "prompt_tokens", "hit_tokens", "rejected", "cache_op_ns"]
@@ -201,13 +208,8 @@ def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> p
             step = cache.prefill_chunk(r, start, min(chunk, r.num_tokens - start), chunk)
             if step and not cache.allocate(r, step):
                 raise RuntimeError(f"replay: {r.request_id} ran out of pages mid-prompt in an idle cache")
-        planned = r.planned_output_ids
-        if isinstance(planned, tuple) and len(planned) > 1 and r.num_output_tokens == 0:
-            r.append_output_token_ids(planned)
-            if cache.allocate(r, len(planned) - 1):
-                r.num_computed_tokens = r.num_tokens - 1
-                cache.commit(r)
-                peak = max(peak, cache.memory_in_use())
+        if cache_planned_answer(cache, r):
+            peak = max(peak, cache.memory_in_use())
         cache.release(r)
         rows.append((r.request_id, r.num_prompt_tokens, hit, False, time.perf_counter_ns() - t0, peak))
     cols = ["request_id", "prompt_tokens", "hit_tokens", "rejected", "cache_op_ns", "peak_units"]

@@ -51,6 +51,8 @@ from prefixcache.experiments.figures.common import (
 from prefixcache.experiments.figures.study_whole_traces import machine
 from prefixcache.experiments.inputs.workloads import available_workloads
 
+from prefixcache import ModelLayout
+
 STUDY = "hybrid"
 TRACES_STUDY = "hybrid_traces"  # the committed result of --scale full
 CHUNK = 512
@@ -81,7 +83,7 @@ TRACE_VARIANTS = ["hashchain", "radix-p16"]  # radix-p1 for the Mamba layout (it
 
 def supported(layout: Any, backend: str, page: int) -> bool:
     """SGLang 0.5.23's Mamba cache runs in no_buffer mode, page 1 only (ours too)."""
-    has_mamba = layout not in ("dense", "gemma3-like", "gpt-oss-like")
+    has_mamba = ModelLayout.parse(layout).count("mamba") > 0
     return not (has_mamba and backend == "radix" and page != 1)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 from prefixcache.experiments.upstream import shim  # noqa: F401  (must precede vllm)
+from prefixcache.experiments.upstream.kv_event_cases import build_batch  # noqa: E402
 from vllm.distributed.kv_events import (  # noqa: E402
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -83,22 +84,11 @@ CASES: list[dict[str, Any]] = [
 ]
 
 
-def build(case: dict[str, Any]) -> KVEventBatch:
-    def h(x: Any) -> Any:
-        return bytes.fromhex(x) if isinstance(x, str) else x
+KINDS = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCleared": AllBlocksCleared}
 
-    events: list[Any] = []
-    for e in case["events"]:
-        fields = {k: v for k, v in e.items() if k != "kind"}
-        if "block_hashes" in fields:
-            fields["block_hashes"] = [h(x) for x in fields["block_hashes"]]
-        if fields.get("parent_block_hash") is not None:
-            fields["parent_block_hash"] = h(fields["parent_block_hash"])
-        if "extra_keys" in fields:
-            fields["extra_keys"] = [tuple(k) for k in fields["extra_keys"]]
-        cls = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCleared": AllBlocksCleared}
-        events.append(cls[e["kind"]](**fields))
-    return KVEventBatch(ts=case["ts"], events=events, data_parallel_rank=case["rank"])
+
+def build(case: dict[str, Any]) -> KVEventBatch:
+    return build_batch(case, KINDS, KVEventBatch)  # type: ignore[no-any-return]
 
 
 def main() -> int:

@@ -187,7 +187,7 @@ class Cluster:
         computed = e.step()
         if self.kv_events:
             self._send_events(replica, e.clock)
-        done = [r for r in before if e.records[r.request_id].finish_step is not None and r not in e.running]
+        done = [r for r in before if e.records[r.request_id].finish_step is not None]
         for r in done:
             self._finished(replica, r, e.clock)
         return computed

@@ -40,23 +40,29 @@ def current_cost(isl: int, overlap_blocks: int, block_size: int, active_prefill:
     return prefill_load_scale * prefill + decode_blocks + k * active_requests
 
 
+def _weights(costs: Sequence[float], temperature: float) -> list[float] | None:
+    """exp(-(cost - min) / ((max - min) T)) per worker; None when every cost is equal."""
+    lo, hi = min(costs), max(costs)
+    if hi == lo:
+        return None
+    return [math.exp(-(c - lo) / ((hi - lo) * temperature)) for c in costs]
+
+
 def softmax_pick(costs: Sequence[float], temperature: float, rng: random.Random) -> int:
     """Dynamo's sampling: the cheapest at T=0 (first on ties), else exp(-normalised cost / T)."""
-    lo, hi = min(costs), max(costs)
     if temperature == 0:
-        return costs.index(lo)
-    if hi == lo:
+        return list(costs).index(min(costs))
+    weights = _weights(costs, temperature)
+    if weights is None:
         return rng.randrange(len(costs))
-    weights = [math.exp(-(c - lo) / ((hi - lo) * temperature)) for c in costs]
     return rng.choices(range(len(costs)), weights=weights)[0]
 
 
 def pick_probabilities(costs: Sequence[float], temperature: float) -> list[float]:
     """The probability ``softmax_pick`` gives each worker (for tests and the paper)."""
-    lo, hi = min(costs), max(costs)
-    if hi == lo:
+    weights = _weights(costs, temperature)
+    if weights is None:
         return [1 / len(costs)] * len(costs)
-    weights = [math.exp(-(c - lo) / ((hi - lo) * temperature)) for c in costs]
     total = sum(weights)
     return [w / total for w in weights]
 
