@@ -68,3 +68,31 @@ def test_a_dense_backend_reports_one_full_group_over_its_pool(backend: str) -> N
     assert len(groups) == 1 and isinstance(groups[0], KVGroup)
     g = groups[0]
     assert (g.kind, g.window, g.page_size, g.num_pages, g.layers) == ("full", None, 4, 64, (0,))
+
+
+@pytest.mark.parametrize(
+    "backend, page, layout, expected",
+    [
+        ("hashchain", 16, None, 112),  # 7 pages of 16 in the one layer
+        ("radix", 1, None, 100),
+        # window 1024 > 100 tokens: every one of the 6 layers still holds every token
+        ("hashchain", 16, "gemma3-like", 6 * 112),  # 6 groups of one layer, 7 blocks each
+        ("radix", 16, "gemma3-like", 112 * 1 + 112 * 5),  # full pool x 1 layer + SWA pool x 5
+        # Mamba: vLLM's block is raised to 528 (one block per group: 1 full + 3 Mamba groups);
+        # SGLang holds 100 KV slots of the full layer and the request's own state (3 x 528)
+        ("hashchain", 16, "mamba-hybrid", 4 * 528),
+        ("radix", 1, "mamba-hybrid", 100 + 3 * 528),
+    ],
+)
+def test_memory_in_use_counts_layer_tokens_of_every_layer_a_request_pins(
+    backend: str, page: int, layout: str | None, expected: int
+) -> None:
+    from prefixcache import Request
+
+    cache = make_cache(backend, CacheConfig(1 << 14, page, layout=layout))
+    assert cache.memory_in_use() == 0
+    req = Request("r", list(range(1, 101)))
+    assert cache.allocate(req, 100, cache.lookup(req))
+    assert cache.memory_in_use() == expected
+    cache.release(req)
+    assert cache.memory_in_use() == 0
