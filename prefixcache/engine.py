@@ -25,6 +25,14 @@ changes only reservations (``PrefixCache.decode_steps_in_place``: no page taken,
 published), ``run`` advances all those steps in one go, with the same records, clock and cache
 state as stepping one by one (tests/test_engine.py checks it on every built-in workload).
 
+A host tier (``PrefixCache.host_tier``, ``prefixcache.tiers``) adds loads at admission: the
+tokens a match's ``host_tokens`` covers cross ``host_link`` one load after another. SGLang loads
+them in the same forward, layer by layer (``load_overlapped``): the step lasts as long as its
+compute or its loads, whichever ends later. vLLM loads asynchronously: the request computes
+nothing until its load is done, and then from the next step on. Each step begins with
+``cache.advance_transfers()`` (stores acknowledged); a match still ``pending`` on a store is
+skipped and retried, as vLLM's scheduler retries a lookup that returned None.
+
 One match per scheduling decision: a policy that looked a waiting request up (lpm) hands its
 match to the engine, which revalidates it if the index changed and passes it to ``allocate``;
 FCFS looks each request up once, right before admitting it.
@@ -44,6 +52,7 @@ from prefixcache.records import RequestRecord
 from prefixcache.request import Request
 from prefixcache.scheduler import Scheduler, make_scheduler
 from prefixcache.synthesis import output_tokens
+from prefixcache.tiers import HostLink
 
 
 class Engine:
@@ -62,10 +71,13 @@ class Engine:
         vocab_size: int = 32_000,
         check_invariants: bool = False,
         multi_step: bool = True,
+        host_link: HostLink | None = None,
     ) -> None:
         for name, value in (("token_budget", token_budget), ("max_num_seqs", max_num_seqs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if model is not None and cache.host_tier is not None:
+            raise ValueError("model mode has no host tier: its copies hold no tensors")
         self.cache = cache
         self.scheduler = make_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
         self.token_budget = token_budget
@@ -76,6 +88,7 @@ class Engine:
         self.vocab_size = vocab_size
         self.check_invariants = check_invariants
         self.multi_step = multi_step
+        self.host_link = host_link if host_link is not None else HostLink()
         self.records: dict[str, RequestRecord] = {}
         self.arrivals = Arrivals()
         self.waiting: deque[Request] = deque()
@@ -89,6 +102,10 @@ class Engine:
         self.prefill_tokens = 0
         self.decode_tokens = 0
         self.stretched_steps = 0  # steps taken inside decode stretches (see _decode_stretch)
+        self._loading: dict[str, float] = {}  # request id -> when its async host load is done
+        self._link_free_at = 0.0  # the host link carries one load at a time
+        self._overlapped_load_end = 0.0  # this step's same-forward loads end here
+        self.load_wait_s = 0.0  # load time not hidden behind compute, summed over steps
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, req: Request) -> None:
@@ -140,6 +157,8 @@ class Engine:
         if not self.running and not self.waiting and next_arrival is not None:
             self.clock = max(self.clock, next_arrival)  # idle: jump to the next arrival
             self._move_arrivals()
+        self.cache.advance_transfers()
+        self._overlapped_load_end = self.clock
         budget = self.token_budget
         scheduled: list[tuple[Request, int]] = []
         preempted = False
@@ -147,6 +166,9 @@ class Engine:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            if self._loading and not self._load_done(req):
+                i += 1  # its KV is still coming from the host: nothing to compute yet
+                continue
             start = req.num_computed_tokens
             n = min(req.num_tokens - start, budget)
             if req.request_id in self._in_prefill:  # a decode step is one token: nothing to cut
@@ -168,6 +190,8 @@ class Engine:
             budget = self._admit_waiting(budget, scheduled)
         self.peak_pages_in_use = max(self.peak_pages_in_use, self.cache.usage().in_use)
         if not scheduled:
+            if self._loading:  # only loads in flight: wait for the first to land
+                self.clock = max(self.clock, min(self._loading.values()))
             return 0
         self._execute(scheduled)
         if self.check_invariants:
@@ -186,7 +210,9 @@ class Engine:
             # have evicted or cached blocks), else the one lookup of this decision.
             match = plan.matches.get(req.request_id)
             match = self._lookup(req) if match is None else self._timed(req, self.cache.revalidate, match)
-            start = match.tokens  # the chunk begins after the hit
+            if match.pending:
+                continue  # its host copies are still being stored: retried next step
+            start = match.tokens + match.host_tokens  # the chunk begins after the hit
             n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget, match)
             if n == 0:
                 break
@@ -198,8 +224,11 @@ class Engine:
                 rec.hit_tokens = req.num_computed_tokens
             self.running.append(req)
             self._in_prefill.add(req.request_id)
-            scheduled.append((req, n))
             admitted.add(req.request_id)
+            loaded = self.cache.loaded_tokens(req)
+            if loaded and not self._start_load(req, loaded):
+                continue  # async: it computes once the load is done, from a later step
+            scheduled.append((req, n))
             budget -= n
         if admitted:
             self._remove_waiting(admitted)
@@ -228,7 +257,11 @@ class Engine:
                 decode += n
             req.num_computed_tokens += n
             self._timed(req, self.cache.commit)
-        self.clock += self.cost_model.step_time(prefill, decode)  # times: at the end of the step
+        end = self.clock + self.cost_model.step_time(prefill, decode)  # times: at the end of the step
+        if self._overlapped_load_end > end:
+            self.load_wait_s += self._overlapped_load_end - end
+            end = self._overlapped_load_end
+        self.clock = end
         self.prefill_tokens += prefill
         self.decode_tokens += decode
         for idx, (req, _) in enumerate(scheduled):
@@ -259,7 +292,7 @@ class Engine:
             return 0
         self._move_arrivals()  # as the step would begin
         running = self.running
-        if self.model is not None or self.waiting or self._in_prefill:
+        if self.model is not None or self.waiting or self._in_prefill or self._loading:
             return 0
         if not 0 < len(running) <= self.token_budget:  # each running request decodes each step
             return 0
@@ -319,7 +352,29 @@ class Engine:
         self.records[req.request_id].evicted_tokens += self.cache.stats.evicted_tokens - evicted
         return ok
 
+    def _start_load(self, req: Request, num_tokens: int) -> bool:
+        """Queue the admitted ``req``'s host load on the link; True if it computes this step
+        anyway (a same-forward load), False if it waits for the load (vLLM's async one)."""
+        start = max(self._link_free_at, self.clock)
+        self._link_free_at = done = start + self.host_link.transfer_time(num_tokens)
+        if self.cache.load_overlapped:
+            self._overlapped_load_end = max(self._overlapped_load_end, done)
+            return True
+        self._loading[req.request_id] = done
+        return False
+
+    def _load_done(self, req: Request) -> bool:
+        """Whether ``req`` has no async load in flight at this step's start (and forget it)."""
+        done = self._loading.get(req.request_id)
+        if done is None:
+            return True
+        if done > self.clock:
+            return False
+        del self._loading[req.request_id]
+        return True
+
     def _preempt(self, req: Request) -> None:
+        self._loading.pop(req.request_id, None)
         self._timed(req, self.cache.release)
         req.num_computed_tokens = 0
         req.num_preemptions += 1

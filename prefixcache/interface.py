@@ -89,20 +89,34 @@ class CacheStats:
     # Cached tokens left unreachable when the block before them was evicted (waste: a chain
     # hits only up to its first missing block). Radix evicts leaves only: always 0 there.
     orphaned_tokens: int = 0
+    # The host tier (``prefixcache.tiers``; all 0 without one). ``hits`` counts device hits
+    # only; ``host_hits`` the tokens after them loaded from the host at admission.
+    host_hits: int = 0
+    preempted_host_hits: int = 0
+    loaded_tokens: int = 0  # host -> device, every admission (resumed requests included)
+    stored_tokens: int = 0  # device -> host copies started
+    host_evicted_tokens: int = 0  # host copies dropped
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
 
-    def record(self, req: Request, hit: int) -> None:
+    @property
+    def host_hit_rate(self) -> float:
+        return self.host_hits / self.queries if self.queries else 0.0
+
+    def record(self, req: Request, hit: int, host_hit: int = 0) -> None:
+        self.loaded_tokens += host_hit
         if req.num_preemptions:
             self.preempted_requests += 1
             self.preempted_queries += req.num_tokens
             self.preempted_hits += hit
+            self.preempted_host_hits += host_hit
         else:
             self.requests += 1
             self.queries += req.num_tokens
             self.hits += hit
+            self.host_hits += host_hit
 
 
 S = TypeVar("S")
@@ -125,6 +139,20 @@ class Match:
     tokens: int
     version: int
 
+    # A host tier's part (``prefixcache.tiers``); backends with a tier override these two.
+    @property
+    def host_tokens(self) -> int:
+        """Tokens right after ``tokens`` that the host tier holds and the first ``allocate``
+        loads into device pages (``tokens + host_tokens <= num_tokens - 1``; 0 without a tier,
+        or when the design would recompute them, e.g. SGLang's load_back_threshold)."""
+        return 0
+
+    @property
+    def pending(self) -> bool:
+        """The host copies this request would load are still being stored: the scheduler
+        retries it later instead of admitting it now (vLLM's lookup returning None)."""
+        return False
+
 
 @dataclass(slots=True, eq=False)
 class LiveRequest(Generic[S]):
@@ -134,6 +162,7 @@ class LiveRequest(Generic[S]):
     request: Request
     reserved: int
     state: S
+    loaded: int = 0  # tokens the admission loaded from the host tier
 
 
 class PrefixCache(ABC, Generic[S]):
@@ -200,16 +229,19 @@ class PrefixCache(ABC, Generic[S]):
             return True
         self._check_request(req)
         match = self._match(req) if match is None else self._current(req, match)
-        total = match.tokens + num_new_tokens
+        if match.pending:
+            raise ValueError(f"the match of {req.request_id!r} is pending (its host copies are being stored)")
+        hit = match.tokens + match.host_tokens
+        total = hit + num_new_tokens
         # "Never fits in the pool" first: it is about the request, whatever the hit adds.
         self._check_fits(req, min(total, req.num_tokens))
         self._check_fits(req, total)
         state = self._admit(req, num_new_tokens, match)
         if state is None:
             return False
-        req.num_computed_tokens = match.tokens
-        self.stats.record(req, match.tokens)
-        self._live[req.request_id] = LiveRequest(req, total, state)
+        req.num_computed_tokens = hit
+        self.stats.record(req, match.tokens, match.host_tokens)
+        self._live[req.request_id] = LiveRequest(req, total, state, match.host_tokens)
         return True
 
     def revalidate(self, match: Match) -> Match:
@@ -303,6 +335,36 @@ class PrefixCache(ABC, Generic[S]):
         its block pool each step. Backends that emit override it."""
         raise NotImplementedError(f"the {self.name} backend emits no KV events")
 
+    # ---------------------------------------------------------------- host tier
+    # A backend made with ``host_tier=`` sets ``host_tier`` and overrides these; without one
+    # the defaults say "no tier" and the engine takes the device-only path.
+    host_tier: object | None = None
+    load_overlapped: ClassVar[bool] = True  # SGLang: in the same forward; vLLM: async, a step later
+
+    def loaded_tokens(self, req: Request) -> int:
+        """Tokens the live ``req``'s admission loaded from the host tier (0 if not live)."""
+        live = self._live.get(req.request_id)
+        return live.loaded if live is not None and live.request is req else 0
+
+    def host_usage(self) -> PageUsage | None:
+        """Where the host tier's pages are (free / evictable / in use: held by a transfer in
+        flight or, where the design pins them, by a request); None without a tier."""
+        return None
+
+    def num_host_pages(self) -> int:
+        """Pages ``host_usage`` accounts for (0 without a tier)."""
+        return 0
+
+    def advance_transfers(self) -> None:
+        """An engine step has passed: stores started in earlier steps complete (and become
+        visible to lookups, as each design acknowledges them). Called by the engine at the
+        start of every step; no-op without a tier."""
+
+    def tier_metrics(self) -> dict[str, int]:
+        """The tier's counters under the design's own names (vLLM's
+        ``external_prefix_cache_*``, SGLang's ``cached_tokens{cache_source}``); empty without."""
+        return {}
+
     def evict(self, num_tokens: int) -> int:
         """Drop unpinned cached KV of at least ``num_tokens`` tokens if there is that much.
 
@@ -365,6 +427,11 @@ class PrefixCache(ABC, Generic[S]):
         ensure(min(u) >= 0, f"negative page count in {u}")
         usable = self.num_usable_pages()
         ensure(sum(u) == usable, f"pages free + evictable + in use = {sum(u)} != {usable} usable")
+        host = self.host_usage()
+        if host is not None:
+            ensure(min(host) >= 0, f"negative host page count in {host}")
+            ensure(sum(host) == self.num_host_pages(),
+                   f"host pages free + evictable + in use = {sum(host)} != {self.num_host_pages()}")
         for rid, live in self._live.items():
             req = live.request
             ensure(rid == req.request_id, f"live entry {rid!r} holds request {req.request_id!r}")

@@ -1,0 +1,113 @@
+"""A host-memory (CPU) tier under the device pool: its configuration and its link.
+
+Both designs keep copies of device KV in host memory and load them back on a hit, but they
+key, store and load differently (REFERENCE-tiers.md): vLLM's OffloadingConnector stores
+chunks of ``block_size`` tokens keyed by the chained block hash as blocks fill, and loads
+them asynchronously (compute starts a step later); SGLang's HiCache backs up radix-tree nodes
+on a hit-count threshold or at eviction, and loads them at admission, overlapped layer by
+layer with the same forward pass. One ``HostTierConfig`` describes either; a field left None
+takes the design's own default, and a field the design has no use for must stay None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefixcache.config import check_positive_int
+
+HASHCHAIN_EVICTION_POLICIES = ("lru", "arc")  # vLLM kv_offload CPU managers
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")  # SGLang HiCache
+
+
+@dataclass(frozen=True, slots=True)
+class HostTierConfig:
+    """The host tier a backend is made with (``make_cache(..., host_tier=HostTierConfig(...))``).
+
+    capacity_tokens:     host KV slots, in tokens of KV in every layer (the unit of
+                         ``CacheConfig.capacity_tokens``). None: ``ratio`` x the device pool.
+    ratio:               host size as a multiple of the device pool when capacity_tokens is
+                         None (SGLang's ``hicache_ratio``, default 2.0).
+    eviction_policy:     vLLM's CPU manager, "lru" (default) or "arc"; hashchain only.
+    write_policy:        SGLang's ``hicache_write_policy``; radix only.
+    block_size:          vLLM's offloaded chunk in tokens, a multiple of the GPU block
+                         (extra_config ``block_size``); hashchain only; None: one GPU block.
+    store_threshold:     vLLM: store a chunk only once it was offered this many times (0 off).
+    offload_prompt_only: vLLM 0.33 default True: decode blocks are not offloaded.
+    load_back_threshold: SGLang: a host hit shorter than this many tokens is recomputed (10).
+    """
+
+    capacity_tokens: int | None = None
+    ratio: float | None = None
+    eviction_policy: str | None = None
+    write_policy: str | None = None
+    block_size: int | None = None
+    store_threshold: int | None = None
+    offload_prompt_only: bool | None = None
+    load_back_threshold: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.capacity_tokens is not None:
+            check_positive_int("host_tier.capacity_tokens", self.capacity_tokens)
+            if self.ratio is not None:
+                raise ValueError("give the host tier capacity_tokens or ratio, not both")
+        if self.ratio is not None and not (isinstance(self.ratio, int | float) and self.ratio > 0):
+            raise ValueError(f"host_tier.ratio must be a positive number, got {self.ratio!r}")
+        if self.eviction_policy is not None and self.eviction_policy not in HASHCHAIN_EVICTION_POLICIES:
+            raise ValueError(
+                f"unknown host eviction_policy {self.eviction_policy!r}; valid: "
+                f"{', '.join(HASHCHAIN_EVICTION_POLICIES)}"
+            )
+        if self.write_policy is not None and self.write_policy not in WRITE_POLICIES:
+            valid = ", ".join(WRITE_POLICIES)
+            raise ValueError(f"unknown write_policy {self.write_policy!r}; valid: {valid}")
+        if self.block_size is not None:
+            check_positive_int("host_tier.block_size", self.block_size)
+        for name in ("store_threshold", "load_back_threshold"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"host_tier.{name} must be an int >= 0, got {value!r}")
+
+    def host_tokens(self, device_tokens: int, default_ratio: float) -> int:
+        """Host slots for a device pool of ``device_tokens`` (before page alignment)."""
+        if self.capacity_tokens is not None:
+            return self.capacity_tokens
+        return int(device_tokens * (self.ratio if self.ratio is not None else default_ratio))
+
+    def reject_fields(self, design: str, names: tuple[str, ...]) -> None:
+        """ValueError if any of ``names`` (fields another design owns) was set."""
+        given = [n for n in names if getattr(self, n) is not None]
+        if given:
+            raise ValueError(f"the {design} host tier has no {', '.join(given)} (another design's option)")
+
+
+# Llama-3-8B: 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes (REFERENCE-tiers.md section 6).
+LLAMA3_8B_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2
+# One direction of PCIe Gen5 x16 as measured on H100 by the vLLM blog (about 50 GB/s).
+MEASURED_PCIE5_BYTES_PER_S = 50e9
+# Per-transfer setup (a copy launch); an assumption, not a measured figure: configurable.
+ASSUMED_TRANSFER_LATENCY_S = 10e-6
+
+
+@dataclass(frozen=True, slots=True)
+class HostLink:
+    """The device<->host link: time to move KV of ``n`` tokens = latency + bytes / bandwidth.
+
+    Loads share the link one after another (the engine queues them); stores run on the other
+    direction and never hold up compute in either design, so only their bytes are counted.
+    """
+
+    bytes_per_token: int = LLAMA3_8B_BYTES_PER_TOKEN
+    bandwidth_bytes_per_s: float = MEASURED_PCIE5_BYTES_PER_S
+    latency_s: float = ASSUMED_TRANSFER_LATENCY_S
+
+    def __post_init__(self) -> None:
+        check_positive_int("bytes_per_token", self.bytes_per_token)
+        if not self.bandwidth_bytes_per_s > 0:
+            raise ValueError(f"bandwidth_bytes_per_s must be positive, got {self.bandwidth_bytes_per_s!r}")
+        if not self.latency_s >= 0:
+            raise ValueError(f"latency_s must be >= 0, got {self.latency_s!r}")
+
+    def transfer_time(self, num_tokens: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return self.latency_s + num_tokens * self.bytes_per_token / self.bandwidth_bytes_per_s
