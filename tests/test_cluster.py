@@ -109,6 +109,21 @@ def test_a_request_too_large_for_its_replica_is_rejected_and_still_counted() -> 
     assert sum(rep.finished for rep in c.replicas) == len(reqs)
 
 
+def test_a_request_admitted_and_finished_in_one_step_is_counted_once() -> None:
+    """A one-token answer is admitted, prefilled and finished in the same engine step: the
+    cluster must see it finish although it was never running before a step (a Mooncake
+    synthetic request of 546 prompt tokens and 1 output token once went missing this way)."""
+    from prefixcache import Request
+
+    reqs = [Request(f"r{i}", list(range(i * 100, i * 100 + 40)), max_new_tokens=1, arrival_time=i * 0.5)
+            for i in range(6)]
+    c = cluster("round-robin", "hashchain", n=2)
+    rows = c.run(reqs)
+    assert sum(rep.finished for rep in c.replicas) == 6
+    assert all(r.ttft_s is not None and r.hit_tokens == 0 for r in rows)
+    assert all(not rep.open for rep in c.replicas)
+
+
 def test_bad_clusters_are_value_errors() -> None:
     caches = [make_cache("radix", CacheConfig(1024, 1)) for _ in range(2)]
     with pytest.raises(ValueError, match="made for 3 replicas"):

@@ -19,7 +19,7 @@ import heapq
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefixcache.cluster.routers.base import ReplicaState, Router
@@ -35,6 +35,9 @@ class Replica:
     cache: PrefixCache[Any]
     engine: Engine
     finished: int = 0
+    # Routed and not yet finished, in routing order: a request may be admitted and finish in
+    # one step (a one-token answer), so the running list before a step does not hold them all.
+    open: dict[str, Request] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -176,6 +179,7 @@ class Cluster:
             decision.predicted_tokens, cached,
         )
         replica.engine.add_request(req)
+        replica.open[req.request_id] = req
         self.load_events.append((now, replica.index, 1))
         rec = replica.engine.records[req.request_id]
         if rec.rejected:
@@ -183,11 +187,10 @@ class Cluster:
 
     def _step(self, replica: Replica) -> int:
         e = replica.engine
-        before = list(e.running)
         computed = e.step()
         if self.kv_events:
             self._send_events(replica, e.clock)
-        done = [r for r in before if e.records[r.request_id].finish_step is not None]
+        done = [r for rid, r in replica.open.items() if e.records[rid].finish_step is not None]
         for r in done:
             self._finished(replica, r, e.clock)
         return computed
@@ -214,6 +217,7 @@ class Cluster:
         route = self.routes[req.request_id]
         if route.hit_tokens is not None or route.rejected:
             raise RuntimeError(f"{req.request_id} finished twice")
+        del replica.open[req.request_id]
         route.rejected = rec.rejected
         if not rec.rejected:
             route.hit_tokens = rec.hit_tokens
