@@ -279,3 +279,22 @@ def test_llmd_precise_scorer_reads_the_event_index_min_max_normalised() -> None:
     assert (d.replica, d.predicted_tokens) == (0, 16)
     with pytest.raises(ValueError, match="prefix"):
         make_router("llm-d", 2, prefix="exactish")
+
+
+def test_token_text_spells_through_its_table_exactly_as_token_by_token() -> None:
+    """The spelling table (ids below TABLE_SIZE) is a cache, never a different spelling: mixed
+    with ids outside it (negative or large) the text and the token counts are the same."""
+    from prefixcache.cluster.text import TABLE_SIZE
+
+    inside = [0, 7, 31_999, TABLE_SIZE - 1, 7, 12]
+    for tokens in (inside, [*inside, TABLE_SIZE], [-3, *inside]):
+        fast, slow = TokenText(seed=5), TokenText(seed=5)
+        assert fast.text(tokens) == "".join(slow.spell(t) for t in tokens)
+        for chars in (0, 3, 11, 40):
+            expected, end = 0, 0
+            for t in tokens:
+                end += len(slow.spell(t))
+                if end > chars:
+                    break
+                expected += 1
+            assert fast.tokens_within(tokens, chars) == expected

@@ -17,6 +17,9 @@ from itertools import accumulate
 import xxhash
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+# Ids below this are spelled once into a table on first use (a router spells millions of
+# tokens per trace; a list index is several times cheaper than the dict and the hash).
+TABLE_SIZE = 1 << 16
 
 
 class TokenText:
@@ -26,6 +29,7 @@ class TokenText:
         self.seed = seed
         self.max_chars = max_chars
         self._spelled: dict[int, str] = {}
+        self._table: list[str] | None = None
 
     def spell(self, token: int) -> str:
         s = self._spelled.get(token)
@@ -41,13 +45,26 @@ class TokenText:
         return s
 
     def text(self, tokens: Sequence[int]) -> str:
+        table = self._spellings(tokens)
+        if table is not None:
+            return "".join(map(table.__getitem__, tokens))
         return "".join(self.spell(t) for t in tokens)
+
+    def _spellings(self, tokens: Sequence[int]) -> list[str] | None:
+        """The table of spellings if every id of ``tokens`` is in it (else None)."""
+        if not len(tokens) or min(tokens) < 0 or max(tokens) >= TABLE_SIZE:
+            return None
+        if self._table is None:
+            self._table = [self.spell(t) for t in range(TABLE_SIZE)]
+        return self._table
 
     def tokens_within(self, tokens: Sequence[int], num_chars: int) -> int:
         """Leading tokens whose whole spelling lies in the first ``num_chars`` characters: the
         token count a character match of that length stands for."""
+        table = self._spellings(tokens)
+        spell = table.__getitem__ if table is not None else self.spell
         n = 0
-        for end in accumulate(len(self.spell(t)) for t in tokens):
+        for end in accumulate(len(spell(t)) for t in tokens):
             if end > num_chars:
                 break
             n += 1
