@@ -105,6 +105,9 @@ def test_none_hash_of_cryptographic_functions_is_a_fixed_seed_without_pythonhash
     fn = get_hash_fn(name)
     assert init_none_hash(fn) == fn(FIXED_SEED)
     assert none_hash(fn) == fn(FIXED_SEED)
+    # vLLM 0.33's DEFAULT_NONE_HASH_SEED (v1/core/kv_cache_utils.py): our chains, and the block
+    # hashes our KV events publish, are vLLM's own without PYTHONHASHSEED.
+    assert FIXED_SEED == "vllm-none-hash"
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)

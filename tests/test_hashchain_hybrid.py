@@ -2,8 +2,9 @@
 numbers recorded from vLLM 0.33.0 (tests/fixtures/upstream/hybrid/, written by
 experiments/upstream/vllm_hybrid_driver.py); plus layout-driven construction and the options.
 
-Not here: scenario 6 (EAGLE: our backend has no EAGLE drop), 12-14 (SGLang). Scenarios 10-11
-(Mamba) run vLLM 0.33's MambaManager in "align" mode, the only mode that caches.
+Not here: scenario 6 (EAGLE, ``use_eagle=True``: tests/test_hashchain_hybrid_eagle.py), 12-14
+(SGLang). Scenarios 10-11 (Mamba) run vLLM 0.33's MambaManager in "align" mode, the only mode
+that caches.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ def make_ours(scenario: dict[str, Any], vllm_frees: bool = True) -> HashChainCac
             prefix_cache_retention_interval=retention,
             free_skipped_on_failure=vllm_frees,
             prefix_match_unit=scenario.get("prefix_match_unit"),
+            use_eagle=bool(scenario.get("use_eagle")),
         )
     else:
         groups = [tuple(g) for g in scenario["groups"]]
@@ -55,6 +56,7 @@ def make_ours(scenario: dict[str, Any], vllm_frees: bool = True) -> HashChainCac
             prefix_cache_retention_interval=retention,
             free_skipped_on_failure=vllm_frees,
             prefix_match_unit=scenario.get("prefix_match_unit"),
+            use_eagle=bool(scenario.get("use_eagle")),
         )
     assert isinstance(cache, HashChainCache)
     return cache
@@ -120,6 +122,14 @@ def replay_ours(scenario: dict[str, Any], vllm_frees: bool = True) -> list[dict[
                 cache.release(reqs[rid])
         elif kind == "evict_blocks":
             cache.evict_blocks(set(op["ids"]))
+        elif kind == "evict_keys":  # every block cached under these keys
+            hashes = cache.manager.hasher.request_hashes(reqs[rid])
+            keys = {hashes.keys(group)[index] for group, index in op["keys"]}
+            ids = {
+                b.block_id for key, b in cache.block_pool.cached_block_hash_to_block.items() if key in keys
+            }
+            rec["evicted"] = sorted(ids)
+            cache.evict_blocks(ids)
         elif kind == "evict_hit":
             rec["evicted"] = cache.lookup(reqs[rid]).blocks[op["group"]][op["index"]].block_id
             cache.evict_blocks({rec["evicted"]})

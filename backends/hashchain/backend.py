@@ -20,16 +20,20 @@ from prefixcache.backends.hashchain.kv_cache_planning import (
     plan_kv_cache_groups,
     resolve_hash_block_size,
 )
+from prefixcache.backends.hashchain.offload.tier import DelayedCachingKVCacheManager, HostTier
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import AttentionGroupSpec
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, Match, PageUsage, PrefixCache, ensure
 from prefixcache.request import Request
+from prefixcache.tiers import HostTierConfig
 
 # vLLM 0.33's engine default (``CacheConfig.prefix_cache_retention_interval``, copied into the
 # KVCacheConfig by kv_cache_planning.py): sliding-window groups hash only the window tails a
 # hit can resume at. None is dense (the KVCacheConfig dataclass default, older vLLM).
 ENGINE_DEFAULT_RETENTION_INTERVAL = 0
+# vLLM 0.33 ``KVCacheSpecKind`` values, which BlockStored events carry.
+_EVENT_SPEC_KINDS = {"full": "full_attention", "sliding_window": "sliding_window", "mamba": "mamba"}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -38,6 +42,11 @@ class BlockMatch(Match):
 
     blocks: KVCacheBlocks  # the hit blocks of each group
     shared_prefix_boundary: int = 0  # vLLM 0.33: a junction sparse retention must keep (0: none)
+    # The host tier's part (offload/tier.py): loaded tokens after ``tokens``; vLLM's external
+    # hit (may be one more: a full-prompt hit); the lookup was deferred (HIT_PENDING).
+    host_tokens: int = 0
+    external_tokens: int = 0
+    pending: bool = False
 
 
 class HashChainCache(PrefixCache[KVCacheBlocks]):
@@ -73,6 +82,24 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                     it is a ValueError: we have no partial hits. Hashes are computed per
                     unit and a block keyed by its last unit's hash, as vLLM does (hits and
                     block ids are the same as with the unit = the block size).
+    use_eagle:      False (default) or True: vLLM 0.33's ``KVCacheManager(use_eagle=True)``,
+                    which the engine passes for an EAGLE/EAGLE3/MTP speculative_config with
+                    lookahead block hashes off (``disable_lookahead_block_hashes`` or a KV
+                    connector; with them on, 0.33's default, it passes False and hashes differ
+                    instead, which we do not model). Every hit drops its last block: one
+                    group (a plain model) hits floor((n - 1) / B) - 1 blocks of an n-token
+                    request; hybrid groups look one block further and drop it, once per
+                    candidate length; sliding-window runs need one block more, and sparse
+                    retention keeps the tails one block later. Not with a Mamba group.
+
+    kv_events:      False (default) or True: vLLM's ``enable_kv_cache_events``; the block pool
+                    queues BlockStored / BlockRemoved / AllBlocksCleared where vLLM 0.33's does
+                    (block_pool.py) and ``take_events`` drains them (needs msgspec).
+    host_tier:      a ``prefixcache.tiers.HostTierConfig``: vLLM 0.33's native CPU offloading
+                    (OffloadingConnector + CPUOffloadingManager, offload/); dense layouts only.
+                    None (default): no tier, the backend exactly as without one.
+    host_ack_delay: steps a transfer takes beyond vLLM's fastest worker (0: a load is
+                    acknowledged in its step, a store in the step after it is built).
 
     A live request's state is its block list per group: the very lists the single-type
     managers keep in ``req_to_blocks`` (vLLM's owner of them), not copies.
@@ -92,6 +119,10 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         prefix_cache_retention_interval: int | None = ENGINE_DEFAULT_RETENTION_INTERVAL,
         prefix_match_unit: int | None = None,
         free_skipped_on_failure: bool = False,
+        use_eagle: bool = False,
+        kv_events: bool = False,
+        host_tier: HostTierConfig | None = None,
+        host_ack_delay: int = 0,
     ) -> None:
         super().__init__(config)
         if not isinstance(unhashed_first, bool):
@@ -142,8 +173,17 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 "prefix_match_unit below the block size with Mamba and no sliding window enables "
                 "vLLM's partial hits, which are not supported"
             )
+        if use_eagle is True and self.hash_block_size != block_size:
+            # vLLM 0.33 then also hashes the prompt's tail block at a sub-block boundary
+            # (FullAttentionManager._cache_partial_tail_block, up to the whole prompt with
+            # EAGLE), which changes the free queue and block ids; we do not model it.
+            raise ValueError("use_eagle with a prefix_match_unit below the block size is not supported")
+        if use_eagle is True and host_tier is not None:
+            # Not recorded against vLLM: the connector's external hit beside the EAGLE drop.
+            raise ValueError("use_eagle with a host_tier is not supported")
         self.prefix_cache_retention_interval = prefix_cache_retention_interval
-        self.manager = KVCacheManager(
+        manager_cls = KVCacheManager if host_tier is None else DelayedCachingKVCacheManager
+        self.manager = manager_cls(
             num_blocks,
             block_size,
             get_hash_fn(hash_fn),
@@ -154,7 +194,9 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             prefix_cache_retention_interval=prefix_cache_retention_interval,
             free_skipped_on_failure=free_skipped_on_failure,
             hash_block_size=self.hash_block_size,
+            use_eagle=use_eagle,
         )
+        self.use_eagle = use_eagle
         # ``page_table``'s group: group 0 (the explicit form, a plain model); from a layout the
         # first full-attention group (vLLM may order a Mamba or window group first).
         kinds = [g.kind for g in self.attention_groups]
@@ -166,24 +208,36 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         self.block_pool = self.manager.block_pool
         self._has_mamba = "mamba" in kinds  # prefill chunks end on block boundaries (prefill_chunk)
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
+        if not isinstance(kv_events, bool):
+            raise ValueError(f"kv_events must be a bool, got {kv_events!r}")
+        self.kv_events = kv_events
+        self.block_pool.enable_kv_cache_events = kv_events
+        # The host tier (vLLM 0.33's OffloadingConnector, offload/); None: exactly as without.
+        if host_tier is None and host_ack_delay != 0:
+            raise ValueError("host_ack_delay without a host_tier")
+        self.offload = None if host_tier is None else HostTier(self, host_tier, host_ack_delay)
+        self.host_tier = host_tier
 
     # ---------------------------------------------------------------- hooks
     def _match(self, req: Request) -> BlockMatch:
         hit = self.manager.get_cache_hit(req)
         junction = self.manager.junction(hit)
-        return BlockMatch(self, req, req.num_tokens, hit.length, self._index_version(), hit.blocks, junction)
+        m = BlockMatch(self, req, req.num_tokens, hit.length, self._index_version(), hit.blocks, junction)
+        return m if self.offload is None else self.offload.with_host_part(m)
 
     def _index_version(self) -> int:
-        return self.block_pool.cached_block_hash_to_block.version
+        version = self.block_pool.cached_block_hash_to_block.version
+        return version if self.offload is None else version + self.offload.version
 
     def _revalidate(self, match: Match) -> BlockMatch:
         """What still holds of the hit, and what was cached since: exactly a fresh lookup."""
         m = cast(BlockMatch, match)
         hit = self.manager.revalidate_computed_blocks(m.request, m.blocks)
         junction = self.manager.junction(hit)
-        return BlockMatch(
+        fresh = BlockMatch(
             self, m.request, m.num_tokens, hit.length, self._index_version(), hit.blocks, junction
         )
+        return fresh if self.offload is None else self.offload.with_host_part(fresh)
 
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> KVCacheBlocks | None:
         m = cast(BlockMatch, match)
@@ -191,9 +245,13 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         # caller left there if we fail, so that a failed allocate changes nothing.
         prior = req.num_computed_tokens
         req.num_computed_tokens = 0
-        new_blocks = self.manager.allocate_slots(
-            req, num_new_tokens, m.tokens, m.blocks, m.shared_prefix_boundary
-        )
+        self.block_pool.event_request = req  # the request whose blocks a BlockStored names
+        if self.offload is not None:  # slots for the host part too, loaded now
+            new_blocks = self.offload.allocate_slots(req, num_new_tokens, m)
+        else:
+            new_blocks = self.manager.allocate_slots(
+                req, num_new_tokens, m.tokens, m.blocks, m.shared_prefix_boundary
+            )
         self._sync_evictions()
         if new_blocks is None:
             req.num_computed_tokens = prior
@@ -204,11 +262,14 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         num_new_tokens = total_tokens - req.num_computed_tokens
         if num_new_tokens <= 0:
             return True
+        self.block_pool.event_request = req
         ok = self.manager.allocate_slots(req, num_new_tokens) is not None
         self._sync_evictions()
         return ok
 
     def _decode_steps_in_place(self, req: Request, state: KVCacheBlocks) -> int:
+        if self.offload is not None and self.offload.busy():
+            return 0  # a step could store or acknowledge something: no step may be skipped
         return self.manager.coordinator.decode_steps_in_place(req.request_id, req.num_computed_tokens)
 
     def _commit(self, req: Request, state: KVCacheBlocks) -> None:
@@ -216,9 +277,13 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         held = len(state[self.primary_group])
         if held * self.page_size < req.num_computed_tokens:  # the message only on failure
             ensure(False, f"{req.request_id!r} committed {req.num_computed_tokens} tokens into {held} blocks")
+        if self.offload is not None:
+            self.offload.on_commit(req)
 
     def _release(self, req: Request, state: KVCacheBlocks) -> None:
         self.manager.free(req)
+        if self.offload is not None:
+            self.offload.on_release(req)
 
     def _page_table(self, req: Request, state: KVCacheBlocks) -> list[int]:
         return [b.block_id for b in state[self.primary_group]]
@@ -293,6 +358,35 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
     def _reset(self) -> None:
         ensure(self.manager.reset_prefix_cache(), "reset_prefix_cache refused with no live request")
         self._evicted_seen = self.block_pool.num_evicted_blocks
+        if self.offload is not None:
+            self.offload.reset()
+
+    # ---------------------------------------------------------------- host tier (offload/)
+    load_overlapped = False  # vLLM loads asynchronously: compute starts a step later
+
+    def host_usage(self) -> PageUsage | None:
+        return None if self.offload is None else self.offload.usage()
+
+    def num_host_pages(self) -> int:
+        return 0 if self.offload is None else self.offload.num_pages()
+
+    def advance_transfers(self) -> None:
+        if self.offload is not None:
+            self.offload.advance()
+
+    def tier_metrics(self) -> dict[str, int]:
+        return {} if self.offload is None else self.offload.metrics()
+
+    def take_events(self) -> list[object]:
+        """The pool's KV events since the last call, each BlockStored annotated with its
+        group's spec kind and window as vLLM 0.33's ``KVCacheManager.take_events`` does."""
+        events = self.block_pool.take_events()
+        for event in events:
+            if type(event).__name__ == "BlockStored":
+                spec = self.attention_groups[event.group_idx]
+                event.kv_cache_spec_kind = _EVENT_SPEC_KINDS[spec.kind]
+                event.kv_cache_spec_sliding_window = spec.sliding_window
+        return events
 
     # ---------------------------------------------------------------- vLLM extras
     def evict_blocks(self, block_ids: set[int]) -> int:
@@ -370,6 +464,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             )
         ensure(self.stats.evicted_tokens >= 0, "negative evicted_tokens")
         ensure(set(self.manager.seen_fraction) <= live, "lrp keeps state for a request that is not live")
+        if self.offload is not None:
+            self.offload.check_invariants(live)
 
     def _sync_evictions(self) -> None:
         evicted = self.block_pool.num_evicted_blocks

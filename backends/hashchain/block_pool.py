@@ -3,24 +3,39 @@
 A cached block is a full block registered in ``cached_block_hash_to_block``. It stays a valid
 hit after its last user frees it (it then sits in the free queue) until it is popped for reuse:
 eviction is lazy.
+
+KV events (vLLM's ``enable_kv_cache_events``): with ``enable_kv_cache_events`` set, the pool
+queues ``BlockStored`` when ``cache_full_blocks`` registers blocks, ``BlockRemoved`` (one per
+hash) whenever a hash leaves the map (lazy eviction at reuse, ``evict_blocks``, our LRU and
+ranked evictions), and ``AllBlocksCleared`` on a successful reset; ``take_events`` drains them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
+from typing import Any
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.eviction import RankedEviction
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
-from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId
+from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId, generate_block_hash_extra_keys
 
 from prefixcache.eviction import make_policy
 from prefixcache.interface import ensure
+from prefixcache.request import Request
 
 __all__ = ["BlockHashToBlockMap", "BlockPool"]
 _ref_cnt = attrgetter("ref_cnt")
+
+
+def _event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+    """vLLM 0.33 ``to_event_extra_keys`` for one block: the hash's tagged keys untagged, as
+    events publish them (a LoRA name or salt bare, a multimodal key as (identifier, offset))."""
+    if keys is None:
+        return None
+    return tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
 
 
 class BlockPool:
@@ -61,6 +76,15 @@ class BlockPool:
         # Ours, not vLLM's: O(1) PageUsage and the evicted-token stat.
         self.num_cached_free_blocks = 0  # free-queue blocks that still carry a hash
         self.num_evicted_blocks = 0  # hashes dropped by eviction (lazy, evict_blocks, LRU evict)
+        self.block_size = block_size
+        # KV events: off unless set (the backend's ``kv_events`` option). vLLM's cache_full_blocks
+        # takes the request; ours takes keys, so the caller names the request being allocated.
+        self.enable_kv_cache_events = False
+        self.kv_event_queue: list[Any] = []
+        self.event_request: Request | None = None
+        # vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default on): events carry the low 64 bits
+        # of each hash as an int; off, the hash bytes.
+        self.int_block_hashes = True
 
     # ---------------------------------------------------------------- lookups
     def get_cached_block(self, keys: Sequence[BlockHashWithGroupId]) -> list[KVCacheBlock] | None:
@@ -105,6 +129,8 @@ class BlockPool:
             raise ValueError(
                 f"block_mask has {len(block_mask)} flags for {num_full_blocks - num_cached_blocks} blocks"
             )
+        if self.enable_kv_cache_events and self.event_request is None:
+            raise ValueError("KV events are on: set BlockPool.event_request to the request being allocated")
         new_blocks: list[KVCacheBlock] = []
         keys: list[BlockHashWithGroupId] = []
         cached_at: list[int] = []  # the indices just hashed
@@ -119,6 +145,8 @@ class BlockPool:
             keys.append(block_keys[i])
             cached_at.append(i)
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
+        if self.enable_kv_cache_events:
+            self._emit_block_stored(block_keys, num_cached_blocks, num_full_blocks, keys, cached_at)
         ranked = self.ranked
         if ranked is not None:
             now = ranked.tick()
@@ -138,6 +166,8 @@ class BlockPool:
         else:
             blocks = self.free_block_queue.popleft_n(num_blocks)
         if self.num_cached_free_blocks:  # else no free block carries a hash
+            if self.enable_kv_cache_events:
+                self._emit_block_removed([b.block_hash for b in blocks if b.block_hash is not None])
             evicted = self.cached_block_hash_to_block.evict_hashed(blocks)
             self.num_cached_free_blocks -= evicted
             self.num_evicted_blocks += evicted
@@ -276,6 +306,10 @@ class BlockPool:
                 self.ranked.uncached(block)
             block.reset_hash()
         self.num_cached_free_blocks = 0
+        if self.enable_kv_cache_events:
+            from prefixcache.kv_events import AllBlocksCleared
+
+            self.kv_event_queue.append(AllBlocksCleared())
         return True
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
@@ -285,11 +319,73 @@ class BlockPool:
             return False
         popped = self.cached_block_hash_to_block.pop(key, block.block_id)
         assert popped is block, f"block {block.block_id} has a hash but is not in the map"
+        if self.enable_kv_cache_events:
+            self._emit_block_removed((key,))
         if self.ranked is not None:
             self.ranked.uncached(block)
         block.reset_hash()
         self.num_evicted_blocks += 1
         return True
+
+    # ---------------------------------------------------------------- KV events
+    def _emit_block_stored(
+        self,
+        block_keys: Sequence[BlockHashWithGroupId],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        stored_keys: Sequence[BlockHashWithGroupId],
+        stored_at: Sequence[int],
+    ) -> None:
+        """vLLM 0.33 ``cache_full_blocks``' event: one ``BlockStored`` for the whole range, even
+        when every block in it was null or masked (then with no hashes); the parent is the hash
+        of the block before the range (hashed or not), the tokens those of the whole range."""
+        from prefixcache.kv_events import MEDIUM_GPU, BlockStored
+
+        req = self.event_request
+        assert req is not None  # checked by cache_full_blocks before any change
+        B = self.block_size
+        parent = self._external(block_keys[num_cached_blocks - 1]) if num_cached_blocks else None
+        extra: list[tuple[Any, ...] | None] = [
+            _event_extra_keys(generate_block_hash_extra_keys(req, i * B, (i + 1) * B)) for i in stored_at
+        ]
+        self.kv_event_queue.append(
+            BlockStored(
+                block_hashes=[self._external(key) for key in stored_keys],
+                parent_block_hash=parent,
+                token_ids=list(req.all_token_ids[num_cached_blocks * B : num_full_blocks * B]),
+                block_size=B,
+                lora_id=None,  # our requests carry no LoRA adapter id
+                medium=MEDIUM_GPU,
+                lora_name=req.lora_name,
+                extra_keys=extra or None,
+                group_idx=int.from_bytes(block_keys[num_cached_blocks][-4:], "big"),
+            )
+        )
+
+    def _emit_block_removed(self, keys: Iterable[BlockHashWithGroupId]) -> None:
+        """vLLM 0.33 ``_emit_block_removed_events``: one ``BlockRemoved`` per hash."""
+        from prefixcache.kv_events import MEDIUM_GPU, BlockRemoved
+
+        for key in keys:
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[self._external(key)],
+                    medium=MEDIUM_GPU,
+                    group_idx=int.from_bytes(key[-4:], "big"),
+                )
+            )
+
+    def _external(self, key: BlockHashWithGroupId) -> bytes | int:
+        """vLLM 0.33 ``maybe_convert_block_hash`` of the key's block hash (its group id cut off)."""
+        block_hash = key[:-4]
+        return int.from_bytes(block_hash[-8:], "big") if self.int_block_hashes else block_hash
+
+    def take_events(self) -> list[Any]:
+        """The queued KV events, oldest first; the queue is left empty ([] with events off)."""
+        if not self.enable_kv_cache_events:
+            return []
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events
 
     # ---------------------------------------------------------------- invariants
     def check_invariants(self) -> None:

@@ -65,7 +65,7 @@ HASH_FUNCTIONS: dict[str, HashFn] = {
 }
 # Processes must agree on NONE_HASH for these even without PYTHONHASHSEED.
 CRYPTOGRAPHIC = frozenset({sha256, sha256_cbor})
-FIXED_SEED = "prefixcache/hashchain NONE_HASH seed v1"
+FIXED_SEED = "vllm-none-hash"  # vLLM 0.33 DEFAULT_NONE_HASH_SEED: the same chain roots as vLLM
 # Drawn once per process: non-cryptographic hashes get an unguessable chain root.
 _PROCESS_SEED = os.urandom(32)
 

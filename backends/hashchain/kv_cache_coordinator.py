@@ -76,6 +76,27 @@ def check_retention_interval(
         )
 
 
+def replay_boundaries(num_prompt_tokens: int, block_size: int, use_eagle: bool) -> list[int]:
+    """vLLM 0.33 ``replay_boundaries``: where a later request replaying this prompt resumes.
+    Without EAGLE a resend of the prompt resumes at prompt - 1 (the last token is recomputed).
+    With EAGLE the hit drops a block, so a resend ((prompt - 1) floored) and a longer sibling
+    (prompt floored) both resume one block lower."""
+    if not use_eagle:
+        return [num_prompt_tokens - 1]
+    resend = (num_prompt_tokens - 1) // block_size * block_size
+    extension = num_prompt_tokens // block_size * block_size
+    return sorted({max(resend - block_size, 0), max(extension - block_size, 0)})
+
+
+def check_use_eagle(use_eagle: bool, attention_groups: Sequence[AttentionGroupSpec]) -> None:
+    if not isinstance(use_eagle, bool):
+        raise ValueError(f"use_eagle must be a bool, got {use_eagle!r}")
+    if use_eagle and any(spec.kind == "mamba" for spec in attention_groups):
+        # vLLM 0.33 moves Mamba checkpoints with EAGLE (drop_eagle_checkpoint_block, prefill
+        # checkpoint blocks); ours has neither.
+        raise ValueError("use_eagle beside a Mamba group is not supported (vLLM's EAGLE Mamba checkpoints)")
+
+
 class KVCacheCoordinator(ABC):
     def __init__(
         self,
@@ -83,8 +104,10 @@ class KVCacheCoordinator(ABC):
         block_pool: BlockPool,
         block_size: int,
         retention_interval: int | None = None,
+        use_eagle: bool = False,
     ) -> None:
         check_retention_interval(retention_interval, attention_groups, block_size)
+        check_use_eagle(use_eagle, attention_groups)
         self.block_pool = block_pool
         self.block_size = block_size
         # None: every full block hashed (dense); 0: vLLM's engine default (sparse windows).
@@ -93,6 +116,11 @@ class KVCacheCoordinator(ABC):
             make_single_type_manager(spec, block_pool, block_size, i)
             for i, spec in enumerate(attention_groups)
         )
+        # vLLM 0.33 ``use_eagle`` (KVCacheManager(use_eagle=True)): with no draft layers of its
+        # own in the KV-cache config, every group is an EAGLE group (``eagle_group_ids``).
+        self.use_eagle = use_eagle
+        for manager in self.single_type_managers:
+            manager.use_eagle = use_eagle
         self._empty: KVCacheBlocks = tuple([] for _ in self.single_type_managers)
 
     @abstractmethod
@@ -157,11 +185,14 @@ class KVCacheCoordinator(ABC):
         num_prompt_tokens: int = 0,
         shared_prefix_boundary: int = 0,
     ) -> None:
-        # vLLM 0.33 ``replay_boundaries`` (no EAGLE): a resend of the prompt resumes at
-        # prompt - 1; a sibling sharing a prefix at the junction found at its admission.
-        boundaries = [num_prompt_tokens - 1]
+        # vLLM 0.33: a resend of the prompt resumes at its replay boundaries; a sibling sharing
+        # a prefix at the junction found at its admission (EAGLE: also one block below it, the
+        # hit of a sibling diverging right after the junction, which has no block to peek at).
+        boundaries = replay_boundaries(num_prompt_tokens, self.block_size, self.use_eagle)
         if shared_prefix_boundary:
             boundaries.append(shared_prefix_boundary)
+            if self.use_eagle:
+                boundaries.append(shared_prefix_boundary - self.block_size)
         for manager in self.single_type_managers:
             manager.cache_blocks(
                 hashes, request_id, num_tokens, num_prompt_tokens, self.retention_interval, boundaries
@@ -211,7 +242,11 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """One KV-cache group: its manager's hit is the hit."""
 
     def find_cache_hit(self, hashes: RequestHashes, max_length: int) -> CacheHit:
-        blocks, length = self.single_type_managers[0].find_longest_cache_hit(hashes, max_length, [0])
+        # vLLM 0.33: EAGLE drops the last block of a hit within max_length (no margin here,
+        # unlike the hybrid coordinator): a prompt of n tokens hits floor((n - 1) / B) - 1 blocks.
+        blocks, length = self.single_type_managers[0].find_longest_cache_hit(
+            hashes, max_length, [0], self.use_eagle
+        )
         return CacheHit(tuple(blocks), length, 0)
 
     def min_blocks_to_fit(self, num_tokens: int) -> int:
@@ -253,6 +288,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         blocks = hit_blocks[0][:valid] + self.block_pool.cached_block_hash_to_block.longest_prefix(
             keys, limit, valid
         )
+        if self.use_eagle and blocks:
+            # The earlier hit lacks its dropped block, which the walk above found again.
+            blocks.pop()
         return CacheHit((blocks,), len(blocks) * self.block_size, 0)
 
 
@@ -265,8 +303,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         block_pool: BlockPool,
         block_size: int,
         retention_interval: int | None = None,
+        use_eagle: bool = False,
     ) -> None:
-        super().__init__(attention_groups, block_pool, block_size, retention_interval)
+        super().__init__(attention_groups, block_pool, block_size, retention_interval, use_eagle)
         # Groups of equal spec are looked up jointly (vLLM's SpecGroup); full attention first:
         # its left-to-right scan gives the tightest first bound.
         by_spec: dict[AttentionGroupSpec, list[int]] = {}
@@ -279,21 +318,35 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
 
     def find_cache_hit(self, hashes: RequestHashes, max_length: int) -> CacheHit:
         """Start at ``max_length``, let each group shrink it, repeat until a whole pass shrinks
-        nothing (monotone: it ends)."""
+        nothing (monotone: it ends).
+
+        EAGLE (vLLM 0.33, issue #32802): a group looks up one block past the candidate length
+        (capped at the request's full blocks) and drops its last block, landing back on the
+        candidate; it does so once per candidate length, and any group shrinking the length
+        without a drop makes every group drop again at the new one."""
         hit_blocks: list[list[KVCacheBlock] | None] = [None] * len(self.single_type_managers)
         hit_length = max_length
         longest = 0  # the longest hit one group reported (vLLM's longest_hit_length)
+        eagle_verified: set[int] = set()  # spec groups whose drop holds at the current length
+        max_eagle_length = hashes.num_blocks * self.block_size
         while True:
             curr = hit_length
-            for spec, group_ids in self.attention_groups:
+            for idx, (spec, group_ids) in enumerate(self.attention_groups):
                 first = hit_blocks[group_ids[0]]
                 if spec.kind == "full" and first is not None:
                     # Downward closed: any prefix of a full-attention hit is a hit; trim later.
                     curr = min(curr, len(first) * self.block_size)
                     continue
-                blocks, curr = self.single_type_managers[group_ids[0]].find_longest_cache_hit(
-                    hashes, curr, group_ids
+                drop = self.use_eagle and idx not in eagle_verified
+                limit = min(curr + self.block_size, max_eagle_length) if drop else curr
+                blocks, found = self.single_type_managers[group_ids[0]].find_longest_cache_hit(
+                    hashes, limit, group_ids, drop
                 )
+                if drop:
+                    eagle_verified.add(idx)
+                elif found < curr:
+                    eagle_verified.clear()
+                curr = found
                 for group_id, group_blocks in zip(group_ids, blocks, strict=True):
                     hit_blocks[group_id] = group_blocks
                 longest = max(longest, curr)
@@ -312,11 +365,14 @@ def make_kv_cache_coordinator(
     block_pool: BlockPool,
     block_size: int,
     retention_interval: int | None = None,
+    use_eagle: bool = False,
 ) -> KVCacheCoordinator:
     if not attention_groups:
         raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
     if all(spec.kind == "mamba" for spec in attention_groups):
         raise ValueError("attention_groups needs an attention group (full or sliding_window) beside Mamba")
     if len(attention_groups) == 1:
-        return UnitaryKVCacheCoordinator(attention_groups, block_pool, block_size, retention_interval)
-    return HybridKVCacheCoordinator(attention_groups, block_pool, block_size, retention_interval)
+        return UnitaryKVCacheCoordinator(
+            attention_groups, block_pool, block_size, retention_interval, use_eagle
+        )
+    return HybridKVCacheCoordinator(attention_groups, block_pool, block_size, retention_interval, use_eagle)

@@ -35,7 +35,11 @@ class KVCacheManager:
     Mamba states) at the start of allocate_slots, even when the allocation then fails. Off
     (ours, the PrefixCache contract: a failed allocate changes nothing), those frees are
     counted instead and happen only with a successful allocation; on, as vLLM (for replaying
-    its recorded fixtures exactly)."""
+    its recorded fixtures exactly).
+
+    ``use_eagle``: vLLM 0.33's ``KVCacheManager(use_eagle=True)``, the EAGLE block drop (see
+    the coordinator); it changes lookups and which sliding-window blocks get a hash, not the
+    allocation count (the drafter's lookahead slots are the caller's: num_new_tokens)."""
 
     def __init__(
         self,
@@ -50,6 +54,7 @@ class KVCacheManager:
         prefix_cache_retention_interval: int | None = None,
         free_skipped_on_failure: bool = False,
         hash_block_size: int | None = None,
+        use_eagle: bool = False,
     ) -> None:
         if free_order not in FREE_ORDERS:
             raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {free_order!r}")
@@ -65,7 +70,7 @@ class KVCacheManager:
             raise ValueError(f"hash_block_size {hash_block_size} must divide the block size {block_size}")
         self.hasher = BlockHasher(hash_block_size, hash_fn, block_size // hash_block_size)
         self.coordinator = make_kv_cache_coordinator(
-            attention_groups, self.block_pool, block_size, prefix_cache_retention_interval
+            attention_groups, self.block_pool, block_size, prefix_cache_retention_interval, use_eagle
         )
         # vLLM keeps it on the Request (set at each admission lookup): the shared-prefix
         # junction whose window tail sparse retention must hash; 0 = none.

@@ -42,8 +42,14 @@ class MambaManager(SingleTypeKVCacheManager):
 
     # ---------------------------------------------------------------- lookup
     def find_longest_cache_hit(
-        self, hashes: RequestHashes, max_length: int, group_ids: Sequence[int]
+        self,
+        hashes: RequestHashes,
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
     ) -> tuple[list[list[KVCacheBlock]], int]:
+        # drop_eagle_block is ignored, as in vLLM 0.33 (draft models have no Mamba layers);
+        # our coordinator refuses EAGLE beside a Mamba group anyway.
         keys = [hashes.keys(g) for g in group_ids]
         max_num_blocks = min(max_length // self.block_size, hashes.num_blocks)
         get_cached_block = self.block_pool.get_cached_block

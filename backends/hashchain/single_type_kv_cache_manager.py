@@ -87,6 +87,7 @@ class SingleTypeKVCacheManager:
         "null_block",
         "req_to_blocks",
         "num_cached_block",
+        "use_eagle",
     )
 
     def __init__(
@@ -100,14 +101,22 @@ class SingleTypeKVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # Leading blocks of each request already registered in the hash map (hits and nulls included).
         self.num_cached_block: dict[str, int] = {}
+        # vLLM 0.33: an EAGLE group (set by the coordinator); its hits drop the last block and
+        # sparse retention keeps the block past each boundary (the block the hit peeks at).
+        self.use_eagle = False
 
     # ---------------------------------------------------------------- lookup
     def find_longest_cache_hit(
-        self, hashes: RequestHashes, max_length: int, group_ids: Sequence[int]
+        self,
+        hashes: RequestHashes,
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
     ) -> tuple[list[list[KVCacheBlock]], int]:
         """Hit blocks for each of ``group_ids`` (groups of this same spec, looked up jointly:
         a block hits only if every one of them has it) and the hit length in tokens, at most
-        ``max_length``."""
+        ``max_length``. ``drop_eagle_block`` (vLLM 0.33 EAGLE): the last matched block is
+        dropped, so the drafter recomputes the hidden states it needs."""
         raise NotImplementedError
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -236,7 +245,11 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     __slots__ = ()
 
     def find_longest_cache_hit(
-        self, hashes: RequestHashes, max_length: int, group_ids: Sequence[int]
+        self,
+        hashes: RequestHashes,
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
     ) -> tuple[list[list[KVCacheBlock]], int]:
         # Left to right, stop at the first miss (chained hashes: every later block misses
         # too); a block hits only where every group hits, so the joint hit is the shortest.
@@ -244,6 +257,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         limit = max_length // self.block_size
         computed = [longest_prefix(hashes.keys(g), limit) for g in group_ids]
         num_blocks = min(map(len, computed))
+        if drop_eagle_block and num_blocks > 0:
+            num_blocks -= 1  # vLLM 0.33: the whole block, however short the lookup limit
         for blocks in computed:
             del blocks[num_blocks:]
         return computed, num_blocks * self.block_size
@@ -272,11 +287,17 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.contiguous_blocks = -(-(self.sliding_window - 1) // block_size)
 
     def find_longest_cache_hit(
-        self, hashes: RequestHashes, max_length: int, group_ids: Sequence[int]
+        self,
+        hashes: RequestHashes,
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
     ) -> tuple[list[list[KVCacheBlock]], int]:
         keys = [hashes.keys(g) for g in group_ids]
         max_num_blocks = min(max_length // self.block_size, hashes.num_blocks)
         computed = [[self.null_block] * max_num_blocks for _ in group_ids]
+        # EAGLE: a run one block longer, whose last block is then dropped.
+        need = self.contiguous_blocks + 1 if drop_eagle_block else self.contiguous_blocks
         get_cached_block = self.block_pool.get_cached_block
         num_contiguous = 0
         match_found = False
@@ -288,7 +309,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             for blocks, block in zip(computed, cached, strict=True):
                 blocks[i] = block
             num_contiguous += 1
-            if num_contiguous >= self.contiguous_blocks:
+            if num_contiguous >= need:
                 # [0, i) nulls, [i, i + run) the run; later (stale) hits are trimmed.
                 for blocks in computed:
                     del blocks[i + num_contiguous :]
@@ -298,6 +319,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             # A shorter run that starts at block 0 is a hit too: nothing before it is needed.
             for blocks in computed:
                 del blocks[num_contiguous:]
+        if drop_eagle_block and computed[0]:
+            for blocks in computed:
+                blocks.pop()
         return computed, len(computed[0]) * self.block_size
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -307,16 +331,18 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def reachable_block_mask(
         self, start_block: int, end_block: int, retention_interval: int | None, boundaries: Sequence[int]
     ) -> list[bool] | None:
-        """vLLM 0.33 ``SlidingWindowManager.reachable_block_mask`` (no EAGLE; hits aligned to
-        the block size, as every group here shares it). A hit at boundary b reads only the
-        ``contiguous_blocks`` blocks ending at b, so only those need a hash:
+        """vLLM 0.33 ``SlidingWindowManager.reachable_block_mask`` (hits aligned to the block
+        size, as every group here shares it). A hit at boundary b reads only the
+        ``contiguous_blocks`` blocks ending at b, so only those need a hash (EAGLE: one more,
+        the block after b that the hit matches and drops, so the tail ends one block later):
 
         None: dense, every block (a hit may land on any block boundary);
         0:    only the tails ending at ``boundaries`` (the replay boundary prompt - 1 and a
               shared-prefix junction), vLLM's engine default;
         k>0:  also one tail at the end of every k-token segment.
         """
-        need = self.contiguous_blocks
+        shift = 1 if self.use_eagle else 0
+        need = self.contiguous_blocks + shift
         if retention_interval is None:
             return None
         mask = [False] * (end_block - start_block)
@@ -324,11 +350,12 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             per_segment = retention_interval // self.block_size
             if need >= per_segment:
                 return None  # the tails cover every block
-            for i in range(start_block, end_block):
-                if i % per_segment >= per_segment - need:
+            for i in range(max(start_block, shift), end_block):
+                if (i - shift) % per_segment >= per_segment - need:
                     mask[i - start_block] = True
         for boundary in boundaries:
             end = boundary // self.block_size  # the tail [end - need, end) ends on the boundary
+            end += shift  # EAGLE: ... on the block past it
             for j in range(max(start_block, end - need), min(end_block, end)):
                 mask[j - start_block] = True
         return mask

@@ -15,6 +15,10 @@ over ``capacity_tokens`` per layer, whose groups and pool vLLM's planning rule f
   {"op": "lookup", "rid"}              get_computed_blocks only (pure)
   {"op": "evict_blocks", "ids"}        drop the hashes of these block ids (KV-connector hook)
   {"op": "evict_hit", "rid", "group", "index"}   evict the block at [group][index] of rid's hit
+  {"op": "evict_keys", "rid", "keys"}  evict every block cached under the keys [group, index]
+                                       (index into rid's block hashes), as vLLM's tests pop them
+
+``use_eagle``: True for vLLM's ``KVCacheManager(use_eagle=True)`` (EAGLE scenarios only).
 """
 
 from __future__ import annotations
@@ -254,6 +258,174 @@ def all_scenarios() -> list[dict[str, Any]]:
     # A positive interval: one window tail per 8 (gpt-oss) / 16 (gemma3) tokens besides the boundaries.
     out.append(random_scenario("random_gptoss", 2, GPT_OSS_SMALL, 60, 8))
     out.append(random_scenario("random_gemma3", 1, GEMMA3_SMALL, 40, 16))
+    return out
+
+
+# ---------------------------------------------------------------- EAGLE (use_eagle=True)
+# vLLM 0.33 ``KVCacheManager(use_eagle=True)``: the block drop, which the engine uses for
+# EAGLE/EAGLE3/MTP when lookahead block hashes are off (``disable_lookahead_block_hashes`` or a
+# KV connector). Recorded under tests/fixtures/upstream/hybrid/eagle/.
+
+
+def _eagle_name(name: str, retention: int | None) -> str:
+    return f"{name}_{'dense' if retention is None else f'ret{retention}'}"
+
+
+def scenario_6(retention: int | None, evict: list[list[int]] | None = None, tag: str = "") -> dict[str, Any]:
+    """vLLM's ``test_prefill_hybrid_model_eagle``: full + 2 x SWA(48), bs 16, 31 blocks, EAGLE.
+    req0 = 6 blocks + 7 tokens, req1 = the same 6 blocks + 5 (hit 80: one block dropped per
+    group). With ``evict`` ([group, block index of the request's hashes] keys): both freed,
+    every block under those keys evicted, then a third request like req1 looked up."""
+    common = [i for i in range(6) for _ in range(16)]
+    ops: list[Op] = [
+        {"op": "new", "rid": "r0", "prompt": common + [6] * 7},
+        {"op": "alloc", "rid": "r0", "n": None},
+        {"op": "run", "rid": "r0"},
+        {"op": "new", "rid": "r1", "prompt": common + [6] * 5},
+        {"op": "alloc", "rid": "r1", "n": None},
+        {"op": "run", "rid": "r1"},
+        {"op": "release", "rid": "r0"},
+        {"op": "release", "rid": "r1"},
+    ]
+    if evict is not None:
+        ops += [
+            {"op": "new", "rid": "r2", "prompt": common + [6] * 5},
+            {"op": "evict_keys", "rid": "r2", "keys": evict},
+            {"op": "lookup", "rid": "r2"},
+            {"op": "alloc", "rid": "r2", "n": None},
+            {"op": "run", "rid": "r2"},
+            {"op": "release", "rid": "r2"},
+        ]
+    name = "scenario6" if evict is None else f"scenario6_evict_{tag}"
+    return {
+        "name": _eagle_name(name, retention),
+        "block_size": 16,
+        "retention": retention,
+        "use_eagle": True,
+        "groups": [["full"], ["sliding_window", 48], ["sliding_window", 48]],
+        "num_blocks": 31,
+        "ops": ops,
+    }
+
+
+# Scenario 6's evictions, as vLLM's test names them: [group, index into block_hashes].
+SCENARIO_6_EVICTIONS = {
+    "swa_block0": [[1, 0], [2, 0]],
+    "full_block0": [[0, 0]],
+    "last_all": [[0, -1], [1, -1], [2, -1]],
+    "full_last": [[0, -1]],
+    "swa1_second_last": [[1, -2]],
+    "swa2_second_last": [[2, -2]],
+    "full_last_swa_first": [[0, -1], [1, 0], [2, 0]],
+}
+
+
+def eagle_dense_lengths(retention: int | None) -> dict[str, Any]:
+    """One full-attention group (a plain model), EAGLE: r0 = 4 blocks exactly, decoded 20
+    tokens (its blocks are cached as they fill), freed; then lookups + admissions of prompts
+    of k*B - 1, k*B, k*B + 1 ... tokens of r0's sequence (vLLM 0.33's unitary hit:
+    floor((n - 1) / B) blocks, less one)."""
+    B = 16
+    seq = _ids(4 * B + 20, 1)
+    ops: list[Op] = [
+        {"op": "new", "rid": "r0", "prompt": seq[: 4 * B]},
+        {"op": "alloc", "rid": "r0", "n": None},
+        {"op": "run", "rid": "r0"},
+    ]
+    for t in seq[4 * B :]:
+        ops += [
+            {"op": "append", "rid": "r0", "tokens": [t]},
+            {"op": "alloc", "rid": "r0", "n": 1},
+            {"op": "run", "rid": "r0"},
+        ]
+    ops.append({"op": "release", "rid": "r0"})
+    for k, n in enumerate((B - 1, B, B + 1, 2 * B, 2 * B + 1, 4 * B - 1, 4 * B, 4 * B + 1, 5 * B, 5 * B + 1)):
+        rid = f"q{k}"
+        ops += [
+            {"op": "new", "rid": rid, "prompt": seq[:n]},
+            {"op": "lookup", "rid": rid},
+            {"op": "alloc", "rid": rid, "n": None},
+            {"op": "run", "rid": rid},
+            {"op": "release", "rid": rid},
+        ]
+    return {
+        "name": _eagle_name("scenario6_dense_lengths", retention),
+        "block_size": B,
+        "retention": retention,
+        "use_eagle": True,
+        "groups": [["full"]],
+        "num_blocks": 24,
+        "ops": ops,
+    }
+
+
+def eagle_random(name: str, scenario: dict[str, Any]) -> dict[str, Any]:
+    return {**scenario, "name": f"{name}_{scenario['name'].rsplit('_', 1)[1]}", "use_eagle": True}
+
+
+def eagle_random_dense(seed: int, retention: int | None) -> dict[str, Any]:
+    """Random traffic on one full-attention group (explicit groups), EAGLE."""
+    rng = random.Random(seed)
+    return {
+        "name": _eagle_name("random_eagle_plain", retention),
+        "block_size": 4,
+        "retention": retention,
+        "use_eagle": True,
+        "groups": [["full"]],
+        "num_blocks": 30,
+        "ops": _random_ops(rng, 12, 28, 4),
+    }
+
+
+def eagle_fixed_point(evict: list[list[int]], tag: str) -> dict[str, Any]:
+    """The fixed point's EAGLE bookkeeping (vLLM issue #32802): full + SWA(8) + SWA(16), bs 4,
+    three spec groups (no "simple hybrid" shortcut). r0's 50 tokens cached densely, freed; some
+    window blocks evicted; the same prompt looked up. ``once_per_length``: a group whose drop
+    held at a length does not drop again when another group's drop shrinks it (28, not 24);
+    ``redrop_after_shrink``: a shrink without a drop makes every group drop again (16, not 20)."""
+    seq = _ids(50, 1)
+    return {
+        "name": f"fixed_point_{tag}_dense",
+        "block_size": 4,
+        "retention": None,
+        "use_eagle": True,
+        "groups": [["full"], ["sliding_window", 8], ["sliding_window", 16]],
+        "num_blocks": 60,
+        "ops": [
+            {"op": "new", "rid": "r0", "prompt": seq},
+            {"op": "alloc", "rid": "r0", "n": None},
+            {"op": "run", "rid": "r0"},
+            {"op": "release", "rid": "r0"},
+            {"op": "new", "rid": "r2", "prompt": seq},
+            {"op": "evict_keys", "rid": "r2", "keys": evict},
+            {"op": "lookup", "rid": "r2"},
+            {"op": "alloc", "rid": "r2", "n": None},
+            {"op": "run", "rid": "r2"},
+            {"op": "release", "rid": "r2"},
+        ],
+    }
+
+
+def eagle_scenarios() -> list[dict[str, Any]]:
+    # One full-attention group ignores retention: recorded at the engine default (0) only.
+    out = [eagle_dense_lengths(0), eagle_random_dense(11, 0)]
+    out.append(eagle_fixed_point([[1, 7], [2, 8]], "once_per_length"))
+    out.append(eagle_fixed_point([[1, 5], [2, 8]], "redrop_after_shrink"))
+    for retention in (None, 0):
+        out.append(scenario_6(retention))
+        out += [scenario_6(retention, keys, tag) for tag, keys in SCENARIO_6_EVICTIONS.items()]
+        out.append(eagle_random("random_eagle_gptoss", random_scenario("x", 2, GPT_OSS_SMALL, 60, retention)))
+        out.append(eagle_random("random_eagle_gemma3", random_scenario("x", 1, GEMMA3_SMALL, 40, retention)))
+        out.append(eagle_random("random_eagle_mixed", random_scenario("x", 3, MIXED_WINDOWS, 48, retention)))
+    # Positive intervals (segment tails shifted by the EAGLE peek): gpt-oss-like at 8 (a tail
+    # covers every block), mixed windows at 16 and Gemma-3-like at 32 (sparse tails).
+    out.append(eagle_random("random_eagle_gptoss", random_scenario("x", 2, GPT_OSS_SMALL, 60, 8)))
+    out.append(eagle_random("random_eagle_mixed", random_scenario("x", 3, MIXED_WINDOWS, 48, 16)))
+    out.append(eagle_random("random_eagle_gemma3", random_scenario("x", 1, GEMMA3_SMALL, 40, 32)))
+    # Not recorded: --prefix-match-unit below the block size. vLLM 0.33 then registers the
+    # prompt's tail block under a partial (sub-block) hash (FullAttentionManager.
+    # _cache_partial_tail_block; with EAGLE up to the whole prompt), which our backend does not
+    # model: it refuses use_eagle with such a unit.
     return out
 
 

@@ -27,6 +27,7 @@ from prefixcache.experiments.upstream.hybrid_scenarios_vllm import (
     SCENARIO_8_LAYOUTS,
     SCENARIO_9_CASES,
     all_scenarios,
+    eagle_scenarios,
 )
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
@@ -35,6 +36,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_planning import _get_kv_cache_groups_uniform_page_size
 from vllm.v1.core.kv_cache_utils import (
     BlockHash,
+    KVCacheBlock,
     get_request_block_hasher,
     init_none_hash,
     make_block_hash_with_group_id,
@@ -125,8 +127,18 @@ def build(scenario: dict[str, Any]) -> tuple[KVCacheManager, dict[str, Any]]:
         prefix_cache_retention_interval=scenario["retention"],
     )
     unit = scenario.get("prefix_match_unit") or B  # vLLM's hash_block_size
+    # EAGLE as the scheduler passes it: use_eagle (the block drop) and one prefill lookahead
+    # token (EAGLE-family drafters read the next token; none re-prefilled). No draft layers
+    # here, so no group is flagged is_eagle_group and every group gets the drop.
+    use_eagle = bool(scenario.get("use_eagle"))
     m = KVCacheManager(
-        cfg, max_model_len=1 << 16, scheduler_block_size=B, hash_block_size=unit, enable_caching=True
+        cfg,
+        max_model_len=1 << 16,
+        scheduler_block_size=B,
+        hash_block_size=unit,
+        enable_caching=True,
+        use_eagle=use_eagle,
+        num_prefill_lookahead=1 if use_eagle else 0,
     )
     return m, header
 
@@ -189,6 +201,16 @@ def replay(scenario: dict[str, Any]) -> dict[str, Any]:
                 del live[rid]
         elif kind == "evict_blocks":
             m.evict_blocks(set(op["ids"]))
+        elif kind == "evict_keys":  # every block under these keys, as vLLM's tests pop them
+            hashes = reqs[rid].block_hashes
+            ids: set[int] = set()
+            for group, index in op["keys"]:
+                entry = m.block_pool.cached_block_hash_to_block._cache.get(
+                    make_block_hash_with_group_id(hashes[index], group)
+                )
+                ids |= {entry.block_id} if isinstance(entry, KVCacheBlock) else set(entry or ())
+            rec["evicted"] = sorted(ids)
+            m.evict_blocks(ids)
         elif kind == "evict_hit":  # the block at [group][index] of rid's current hit
             blocks, _, _ = m.get_computed_blocks(reqs[rid])
             rec["evicted"] = blocks.blocks[op["group"]][op["index"]].block_id
@@ -321,12 +343,28 @@ def scenario_9_partial_hits() -> list[dict[str, Any]]:
     return out
 
 
+def record_eagle(directory: Path) -> list[Path]:
+    """The EAGLE scenarios (use_eagle=True), in their own folder."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for scenario in eagle_scenarios():
+        fixture = {"system": "vllm", "upstream": UPSTREAM, "scenario": scenario, **replay(scenario)}
+        path = directory / f"vllm_eagle_{scenario['name']}.json"
+        path.write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", type=Path, default=DEFAULT_DIR, help="write the JSON fixtures here")
+    ap.add_argument("--eagle-only", action="store_true", help="record only the EAGLE fixtures")
     args = ap.parse_args(argv)
     args.record.mkdir(parents=True, exist_ok=True)
-    written = []
+    written = record_eagle(args.record / "eagle")
+    if args.eagle_only:
+        print(f"wrote {len(written)} EAGLE fixtures to {args.record / 'eagle'}")
+        return 0
     for scenario in all_scenarios():
         fixture = {"system": "vllm", "upstream": UPSTREAM, "scenario": scenario, **replay(scenario)}
         path = args.record / f"vllm_hybrid_{scenario['name']}.json"

@@ -1,0 +1,122 @@
+"""The hashchain backend's host tier: what ``HashChainCache`` calls at each of its hooks, so the
+backend only forwards (see connector.py for how the hooks map onto vLLM's engine step)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks
+from prefixcache.backends.hashchain.kv_cache_manager import KVCacheManager
+from prefixcache.backends.hashchain.offload.connector import OffloadingConnectorScheduler
+from prefixcache.backends.hashchain.offload.spec import OffloadSpec
+
+from prefixcache.interface import PageUsage
+from prefixcache.request import Request
+from prefixcache.tiers import HostTierConfig
+
+if TYPE_CHECKING:
+    from prefixcache.backends.hashchain.backend import BlockMatch, HashChainCache
+
+
+class DelayedCachingKVCacheManager(KVCacheManager):
+    """``KVCacheManager`` with vLLM's ``allocate_slots(delay_cache_blocks=True)``: blocks an
+    async load will fill are not cached (no other request hits them) until the load is
+    acknowledged (vLLM ``_update_waiting_for_remote_kv``), or at the latest when it computes."""
+
+    _delay = False
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, *args: Any, delay_cache_blocks: bool = False
+    ) -> Any:
+        self._delay = delay_cache_blocks
+        try:
+            return super().allocate_slots(request, num_new_tokens, *args)
+        finally:
+            self._delay = False
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        if not self._delay:
+            super().cache_blocks(request, num_tokens)
+
+
+class HostTier:
+    def __init__(self, cache: HashChainCache, config: HostTierConfig, ack_delay: int) -> None:
+        kinds = [g.kind for g in cache.attention_groups]
+        if cache.config.is_hybrid or kinds != ["full"]:
+            raise ValueError(
+                f"the hashchain host tier supports a dense layout only (one full-attention group); "
+                f"got groups {kinds}"
+            )
+        spec = OffloadSpec.from_config(
+            config, cache.config.capacity_tokens, cache.page_size, cache.hash_block_size
+        )
+        self.cache = cache
+        self.manager = cache.manager
+        self.connector = OffloadingConnectorScheduler(
+            spec, cache.manager.hasher, lambda: cache.stats, ack_delay
+        )
+        self.connector.on_load_done = self._load_done
+
+    @property
+    def version(self) -> int:
+        return self.connector.version
+
+    def with_host_part(self, match: BlockMatch) -> BlockMatch:
+        """The GPU match plus what the host adds (vLLM's external hit) or ``pending``."""
+        req = match.request
+        external = self.connector.lookup(req, match.tokens)
+        if external is None:
+            return replace(match, pending=True)
+        # A full-prompt external hit: vLLM loads every token and recomputes the last one.
+        host = min(external, req.num_tokens - 1 - match.tokens)
+        return replace(match, host_tokens=host, external_tokens=external if host else 0)
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, match: BlockMatch) -> KVCacheBlocks | None:
+        """Admission: slots for the host part too (loaded now, cached once computed)."""
+        assert isinstance(self.manager, DelayedCachingKVCacheManager)
+        new_blocks = self.manager.allocate_slots(
+            req, num_new_tokens + match.host_tokens, match.tokens, match.blocks, match.shared_prefix_boundary,
+            delay_cache_blocks=match.host_tokens > 0,
+        )  # fmt: skip
+        if new_blocks is not None:
+            self.connector.on_admit(req, match.tokens, match.external_tokens, self._block_ids(req))
+        return new_blocks
+
+    def _load_done(self, req: Request, num_loaded_tokens: int) -> None:
+        """vLLM caches the loaded blocks when the load is reported, then schedules the request,
+        whose allocation caches the blocks of its next tokens: here they were reserved at
+        admission, so both are cached now."""
+        reserved = min(self.cache.reserved_tokens(req), req.num_tokens)
+        self.manager.cache_blocks(req, max(num_loaded_tokens, reserved))
+
+    def _block_ids(self, req: Request) -> list[int]:
+        return [b.block_id for b in self.manager.get_blocks(req.request_id)[0]]
+
+    def on_commit(self, req: Request) -> None:
+        self.manager.cache_blocks(req, req.num_computed_tokens)  # no-op unless its load was not acked
+        self.connector.on_commit(req, self._block_ids(req))
+
+    def on_release(self, req: Request) -> None:
+        self.connector.on_release(req)
+
+    def advance(self) -> None:
+        self.connector.advance()
+
+    def busy(self) -> bool:
+        return self.connector.busy()
+
+    def usage(self) -> PageUsage:
+        return self.connector.host_usage()
+
+    def num_pages(self) -> int:
+        return self.connector.spec.num_chunks
+
+    def metrics(self) -> dict[str, int]:
+        return dict(self.connector.metrics)
+
+    def reset(self) -> None:
+        self.connector.reset()
+
+    def check_invariants(self, live: set[str]) -> None:
+        self.connector.check_invariants(live)
