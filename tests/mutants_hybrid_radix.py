@@ -7,6 +7,7 @@ SUITES = [
     "tests/test_radix_swa_upstream.py",
     "tests/test_radix_swa.py",
     "tests/test_stateful_hybrid_radix.py",
+    "tests/test_radix_eagle.py",
 ]
 
 # name -> (file, original text, mutated text); the original text occurs exactly once
@@ -41,5 +42,57 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "backends/radix/swa_node.py",
         "        return self.prev_unlocked(self.tail)",
         "        x = self.head.lru_next\n        return None if x is self.tail else x",
+    ),
+    # EAGLE bigram keys (SGLang 0.5.23 RadixKey(is_bigram=True)); caught by the EAGLE fixtures
+    # (sglang_eagle/, sglang_hybrid_*eagle*) and tests/test_radix_eagle.py
+    "radix eagle: a bigram match counts raw tokens (off by one)": (
+        "backends/radix/key.py",
+        "            lo = max(0, lo - 1)\n",
+        "            lo = max(0, lo)\n",
+    ),
+    "radix eagle: a bigram slice drops the shared boundary token": (
+        "backends/radix/key.py",
+        "        raw = self.token_ids[start : stop + 1] if stop > start else self.token_ids[:0]",
+        "        raw = self.token_ids[start:stop] if stop > start else self.token_ids[:0]",
+    ),
+    "radix eagle: children filed by their first raw tokens, not their first bigrams": (
+        "backends/radix/key.py",
+        "            plain: ChildKey = tuple(ids[: page_size + 1].tolist())",
+        "            plain: ChildKey = tuple(ids[:page_size].tolist())",
+    ),
+    "radix eagle: the dense tree is built with plain keys": (
+        "backends/radix/backend.py",
+        "            is_eagle=is_eagle,\n",
+        "            is_eagle=False,\n",
+    ),
+    "radix eagle: the prompt split counts raw prompt tokens, not bigrams": (
+        "backends/radix/backend.py",
+        "        prompt = len(raw[: req.num_prompt_tokens].maybe_to_bigram_view(self.is_eagle)[0]) // p * p",
+        "        prompt = len(raw[: req.num_prompt_tokens]) // p * p",
+    ),
+    "radix eagle: the SWA branch point is inserted one raw token short": (
+        "backends/radix/swa_backend.py",
+        "        cache_len = branching + eagle if branch else computed  # prepare_for_caching_req",
+        "        cache_len = branching if branch else computed  # prepare_for_caching_req",
+    ),
+    "radix eagle: the SWA checkpoint's window frontier is measured on raw tokens": (
+        "backends/radix/swa_backend.py",
+        "            self._free_out_of_window(live, len(key) - 1)  # measured on the key, as SGLang",
+        "            self._free_out_of_window(live, cache_len - 1)",
+    ),
+    "radix eagle: after the SWA branch, the forward key is measured on raw tokens": (
+        "backends/radix/swa_backend.py",
+        "                self._free_out_of_window(live, computed - eagle - 1)",
+        "                self._free_out_of_window(live, computed - 1)",
+    ),
+    "radix eagle: the SWA tree is built with plain keys": (
+        "backends/radix/swa_backend.py",
+        "        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle)",
+        "        self.tree = SWARadixTree(p, self.window, self.pool)",
+    ),
+    "radix eagle: the Mamba cache silently accepts is_eagle": (
+        "backends/radix/mamba_backend.py",
+        "        if is_eagle:\n            raise ValueError(",
+        "        if False:\n            raise ValueError(",
     ),
 }

@@ -4,7 +4,8 @@ sglang_hybrid/sglang_hybrid_*.json, recorded by experiments/upstream/sglang_hybr
 ``SWATokenToKVPoolAllocator``; pool sizes from the real ``HybridSWAPoolConfigurator``).
 
 Per op: insert prefix lengths, match lengths with their full and SWA slot indices, evicted token
-counts, and both pools' available and evictable sizes must agree exactly.
+counts, and both pools' available and evictable sizes must agree exactly. Fixtures named *eagle*
+ran with ``CacheInitParams.is_eagle=True`` (bigram keys) and replay with ``is_eagle=True``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def replay_tree(sc: dict[str, Any]) -> list[dict[str, Any]]:
     """The driver's ops through SWARadixTree + SWAPagePool (the same alloc/free calls)."""
     p = sc["page_size"]
     pool = SWAPagePool(sc["full_tokens"] // p + 1, sc["swa_tokens"] // p + 1, page_size=p)
-    tree = SWARadixTree(p, sc["window"], pool)
+    tree = SWARadixTree(p, sc["window"], pool, is_eagle=sc.get("is_eagle", False))
     locks: dict[str, tuple[LockReceipt, list[bool]]] = {}
     out: list[dict[str, Any]] = []
 
@@ -133,11 +134,23 @@ def test_scenario_12_swa_radix_cache_1() -> None:
     assert ours[9]["freed"] == [2, 5] and [r["length"] for r in ours[10:]] == [0, 0]
 
 
-@pytest.mark.skip(
-    reason="EAGLE bigram keys are not supported by our radix backend (RadixKey has no bigram view)"
-)
 def test_scenario_12_eagle_bigram_variant() -> None:
-    """0.5.23: inserts 0, 2, 0, 4; matches 4 and 4 (REFERENCE-hybrid.md)."""
+    """``test_swa_radix_cache_eagle`` (scenario 12 on an ``is_eagle=True`` tree) as SGLang 0.5.23
+    runs it (fixture recorded from its UnifiedRadixCache FULL + SWA, Python core): bigram keys, so
+    each insert caches one fewer token than it hands over and reports bigrams already cached:
+    0, 2, 0, 4. evict(1, 0) deletes [10, 11, 12]'s 2 bigrams, evict(0, 1) the leaf [6, 7]'s,
+    evict(1, 2) [60, 70]'s; both matches then give 4 bigrams ([1..5]: 4 bigrams, all under one
+    live window) with full slots [1, 2, 6, 7] (the slot of bigram i is token i's). A larger
+    evict(0, 5) tombstones the rest: nothing matches."""
+    fixture = _load(FIXTURES / "sglang_hybrid_scenario12_eagle.json")
+    assert fixture["scenario"]["is_eagle"] is True
+    ours = replay_tree(fixture["scenario"])
+    diffs = _diffs(ours, fixture)
+    assert not diffs, "\n".join(diffs)
+    assert [r["prefix_len"] for r in ours[:4]] == [0, 2, 0, 4]
+    assert [r["freed"] for r in ours[4:7]] == [[2, 2], [2, 2], [2, 2]]
+    assert [(r["length"], r["full"]) for r in ours[7:9]] == [(4, [1, 2, 6, 7])] * 2
+    assert ours[9]["freed"] == [2, 4] and [r["length"] for r in ours[10:]] == [0, 0]
 
 
 def test_scenario_13_sglang_sizing() -> None:

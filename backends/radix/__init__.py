@@ -19,7 +19,13 @@ def make_radix_cache(config: CacheConfig, **options: Any) -> PrefixCache[Any]:
     """The cache ``make_cache("radix", config)`` builds: a layout with Mamba layers gets the
     Mamba cache (which refuses sliding-window layers beside them, as we do not model FULL +
     SWA + MAMBA), one with sliding-window layers the SWA cache, every other the dense
-    RadixCache, byte-for-byte as before layouts existed."""
+    RadixCache, byte-for-byte as before layouts existed. ``host_tier=HostTierConfig(...)``
+    (not None) gets SGLang 0.5.23's HiCache (hicache_backend.py; full attention only)."""
+    if options.get("host_tier") is not None:
+        from prefixcache.backends.radix.hicache_backend import HiCacheRadixPrefixCache
+
+        return HiCacheRadixPrefixCache(config, **options)
+    options.pop("host_tier", None)
     if config.is_hybrid and config.model_layout.count("mamba"):
         from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey, TokenArray
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
@@ -109,9 +110,21 @@ class RadixPrefixCache(PrefixCache[_Live]):
         disable: bool = False,
         clock: Callable[[], float] = time.monotonic,
         need_sort: bool = False,
+        is_eagle: bool = False,
+        kv_events: bool = False,
     ) -> None:
         """need_sort: SGLang's allocator mode (prefixcache/pool.py); SGLang sets it only under
-        prefill/decode disaggregation, so the default False is what a plain SGLang server does."""
+        prefill/decode disaggregation, so the default False is what a plain SGLang server does.
+        is_eagle: SGLang's ``CacheInitParams.is_eagle`` (EAGLE speculative decoding): the tree
+        is keyed by bigrams (key.py), so a request of n tokens reuses at most n - 2 and a
+        checkpoint of c computed tokens caches the KV of c - 1 (whole pages).
+        kv_events: SGLang's ``enable_kv_cache_events``: the tree records BlockStored /
+        BlockRemoved / AllBlocksCleared where SGLang 0.5.23's does (events.py), drained by
+        ``take_events`` (needs msgspec). Not with ``is_eagle`` (bigram pages, not modelled)."""
+        if not isinstance(kv_events, bool):
+            raise ValueError(f"kv_events must be a bool, got {kv_events!r}")
+        if kv_events and is_eagle:
+            raise ValueError("kv_events with is_eagle (bigram-keyed pages) is not modelled")
         if config.is_hybrid:
             raise ValueError(
                 f"RadixPrefixCache is the dense cache; layout {config.model_layout.describe()} needs "
@@ -119,13 +132,18 @@ class RadixPrefixCache(PrefixCache[_Live]):
             )
         super().__init__(config)
         self.need_sort = need_sort
+        self.is_eagle = is_eagle
+        self.kv_events = kv_events
         self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
         self.tree = RadixCache(
             config.page_size,
             disable=disable,
+            is_eagle=is_eagle,
             eviction_policy=eviction_policy,
             free_slots=self._free_slots,
             clock=clock,
+            # SGLang: a disabled tree records nothing
+            events=RadixEventRecorder(config.page_size) if kv_events and not disable else None,
         )
 
     # ------------------------------------------------------------------ pages <-> slots
@@ -257,12 +275,13 @@ class RadixPrefixCache(PrefixCache[_Live]):
         re-match (stamping the path again), point the page table at the tree's pages and move
         the lock to the new last node."""
         p = self.page_size
-        aligned = req.num_computed_tokens // p * p
-        key = request_key(req)[:aligned]
+        raw = request_key(req)[: req.num_computed_tokens]
+        key = raw.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(p)
+        aligned = len(key)  # tokens (EAGLE: bigrams, one fewer than the raw tokens) whose KV goes in
         own = self._slots(live.pages[: aligned // p])
         cached = self.tree.insert(key, own, hit_from=live.hits_counted)
         live.hits_counted = max(live.hits_counted, aligned)
-        prompt = req.num_prompt_tokens // p * p
+        prompt = len(raw[: req.num_prompt_tokens].maybe_to_bigram_view(self.is_eagle)[0]) // p * p
         if 0 < prompt < aligned:
             self.tree.insert(key[:prompt], own[:prompt], priority=1, hit_from=prompt)
         duplicates = live.pages[live.protected // p : cached // p]
@@ -297,6 +316,10 @@ class RadixPrefixCache(PrefixCache[_Live]):
         self.pool.free(live.pages[live.protected // p : written])
         self.tree.dec_lock_ref(live.last_node)
         self.pool.free(live.pages[written:])
+
+    def take_events(self) -> list[object]:
+        """The tree's KV events since the last call (SGLang's ``kv_events.take``); [] when off."""
+        return self.tree.events.take() if self.tree.events is not None else []
 
     def _page_table(self, req: Request, state: _Live) -> list[int]:
         return state.pages.tolist()

@@ -4,6 +4,12 @@ Token ids live in a compact int64 numpy array so that comparing two runs of toke
 call over a slice, not a Python loop per token; slices are views, so walking a key costs no
 copies. ``extra_key`` is the namespace (LoRA, cache salt): keys of different namespaces never
 share a node.
+
+EAGLE (SGLang's ``is_bigram``): an EAGLE draft model's KV at position i is computed from token
+i + 1 as well, so SGLang keys its tree by bigrams (t[i], t[i+1]). A bigram key keeps the raw
+tokens (N + 1 for N bigrams) and measures everything in bigrams: its length, slices (bigrams
+[a, b) span raw tokens [a, b + 1), so neighbouring slices share one boundary token), matches,
+child keys and page alignment; the KV slot of bigram i is the slot of token i.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 TokenArray = npt.NDArray[np.int64]
+SlotArray = npt.NDArray[np.int64]
 ChildKey = Hashable
 
 # Below this many tokens, comparing raw bytes beats np.array_equal's fixed call overhead (~1.5us);
@@ -29,49 +36,87 @@ def _same(x: TokenArray, y: TokenArray) -> bool:
 
 
 class RadixKey:
-    __slots__ = ("token_ids", "extra_key")
+    __slots__ = ("token_ids", "extra_key", "is_bigram")
 
-    def __init__(self, token_ids: Sequence[int] | TokenArray, extra_key: Hashable | None = None) -> None:
+    def __init__(
+        self,
+        token_ids: Sequence[int] | TokenArray,
+        extra_key: Hashable | None = None,
+        is_bigram: bool = False,
+    ) -> None:
         arr = token_ids if isinstance(token_ids, np.ndarray) else np.asarray(token_ids, dtype=np.int64)
         if arr.dtype != np.int64:
             arr = arr.astype(np.int64)
         if arr.ndim != 1:
             raise ValueError(f"token_ids must be one-dimensional, got shape {arr.shape}")
-        self.token_ids: TokenArray = arr
+        if is_bigram and len(arr) == 1:
+            raise ValueError("a bigram RadixKey needs 0 or at least 2 raw tokens, got 1")
+        self.token_ids: TokenArray = arr  # raw tokens in both modes
         self.extra_key = extra_key
+        self.is_bigram = is_bigram
 
     def __len__(self) -> int:
-        return len(self.token_ids)
+        """Tokens, or bigrams (raw tokens - 1) for a bigram key."""
+        n = len(self.token_ids)
+        return n - 1 if self.is_bigram and n else n
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.token_ids.tolist())
+    def __iter__(self) -> Iterator[int] | Iterator[tuple[int, int]]:
+        ids = self.token_ids.tolist()
+        return zip(ids, ids[1:], strict=False) if self.is_bigram else iter(ids)
 
     def __getitem__(self, idx: int | slice) -> RadixKey:
-        """A slice (step 1) or one token, as a RadixKey in the same namespace (as SGLang)."""
+        """A slice (step 1) or one token (bigram), as a RadixKey in the same namespace and
+        mode (as SGLang)."""
+        n = len(self)
         if isinstance(idx, slice):
             if idx.step not in (None, 1):
                 raise ValueError(f"RadixKey slices must have step 1, got step {idx.step}")
-            return RadixKey(self.token_ids[idx], self.extra_key)
-        n = len(self.token_ids)
-        if not -n <= idx < n:
-            raise IndexError(f"RadixKey index {idx} out of range for length {n}")
-        i = idx % n
-        return RadixKey(self.token_ids[i : i + 1], self.extra_key)
+            if not self.is_bigram:
+                return RadixKey(self.token_ids[idx], self.extra_key)
+            start, stop, _ = idx.indices(n)
+        else:
+            if not -n <= idx < n:
+                raise IndexError(f"RadixKey index {idx} out of range for length {n}")
+            start = idx % n
+            stop = start + 1
+        if not self.is_bigram:
+            return RadixKey(self.token_ids[start:stop], self.extra_key)
+        # bigrams [start, stop) span raw [start, stop + 1); an empty slice holds no raw token
+        raw = self.token_ids[start : stop + 1] if stop > start else self.token_ids[:0]
+        return RadixKey(raw, self.extra_key, is_bigram=True)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, RadixKey)
             and self.extra_key == other.extra_key
+            and self.is_bigram == other.is_bigram
             and np.array_equal(self.token_ids, other.token_ids)
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable-looking array content: not a dict key
 
     def tolist(self) -> list[int]:
+        """The raw token ids (a bigram key's N + 1 tokens for its N bigrams)."""
         return self.token_ids.tolist()  # type: ignore[no-any-return]
 
+    def copy(self) -> RadixKey:
+        """An own copy of the tokens (a view would keep a caller's whole array alive)."""
+        return RadixKey(self.token_ids.copy(), self.extra_key, self.is_bigram)
+
+    def maybe_to_bigram_view(
+        self, is_eagle: bool, value: SlotArray | None = None
+    ) -> tuple[RadixKey, SlotArray | None]:
+        """SGLang's conversion at the tree's door: for an EAGLE tree, the bigram view of these
+        raw tokens and ``value`` (per raw token) cut to one slot per bigram; otherwise both
+        unchanged. Ours returns a new key where SGLang flips the caller's flag in place."""
+        if not is_eagle or self.is_bigram:
+            return self, value
+        raw = self.token_ids if len(self.token_ids) != 1 else self.token_ids[:0]  # 1 token: 0 bigrams
+        key = RadixKey(raw, self.extra_key, is_bigram=True)
+        return key, (value[: len(key)] if value is not None else None)
+
     def page_aligned(self, page_size: int) -> RadixKey:
-        """The key truncated to whole pages (``len // page * page`` tokens)."""
+        """The key truncated to whole pages (``len // page * page`` tokens or bigrams)."""
         return self[: len(self) // page_size * page_size]
 
     def match(self, other: RadixKey, page_size: int = 1) -> int:
@@ -85,6 +130,8 @@ class RadixKey:
             raise ValueError(
                 f"RadixKey.match across namespaces: extra_key={self.extra_key!r} != {other.extra_key!r}"
             )
+        if self.is_bigram != other.is_bigram:
+            raise ValueError("RadixKey.match of a bigram key with a plain one (is_bigram differs)")
         a, b = self.token_ids, other.token_ids
         n = min(len(a), len(b))
         lo, width = 0, 1  # invariant: a[:lo] == b[:lo]
@@ -100,18 +147,25 @@ class RadixKey:
                         hi = mid
                 break
             lo, width = hi, width * 2
+        if self.is_bigram:  # m equal raw tokens hold m - 1 equal bigrams
+            lo = max(0, lo - 1)
         return lo // page_size * page_size
 
     def child_key(self, page_size: int = 1) -> ChildKey:
         """The dict key a parent files this edge under: first token, or first page as a tuple;
-        ``(extra_key, plain)`` in a namespace, so namespaces get disjoint subtrees."""
-        if len(self.token_ids) == 0:
+        ``(extra_key, plain)`` in a namespace, so namespaces get disjoint subtrees. A bigram
+        key's first page of bigrams is its first page_size + 1 raw tokens (SGLang: as pairs)."""
+        if len(self) == 0:
             raise ValueError("an empty RadixKey has no child key")
         ids = self.token_ids
-        plain: ChildKey = int(ids[0]) if page_size == 1 else tuple(ids[:page_size].tolist())
+        if self.is_bigram:
+            plain: ChildKey = tuple(ids[: page_size + 1].tolist())
+        else:
+            plain = int(ids[0]) if page_size == 1 else tuple(ids[:page_size].tolist())
         return plain if self.extra_key is None else (self.extra_key, plain)
 
     def __repr__(self) -> str:
         preview = self.token_ids[:10].tolist()
         more = "..." if len(self) > 10 else ""
-        return f"RadixKey(extra_key={self.extra_key!r}, token_ids={preview}{more}, len={len(self)})"
+        bigram = ", is_bigram=True" if self.is_bigram else ""
+        return f"RadixKey(extra_key={self.extra_key!r}, token_ids={preview}{more}, len={len(self)}{bigram})"

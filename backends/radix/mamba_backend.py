@@ -103,6 +103,7 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
         marconi_d_model: int = 4096,
         need_sort: bool = False,
         disable: bool = False,
+        is_eagle: bool = False,
     ) -> None:
         if not isinstance(config, CacheConfig):
             raise ValueError(f"config must be a CacheConfig, got {type(config).__name__}")
@@ -122,6 +123,12 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
             raise ValueError(f"eviction_policy must be one of {EVICTIONS}, got {eviction_policy!r}")
         if need_sort or disable:
             raise ValueError("radix (Mamba): need_sort=True and disable=True are not supported")
+        if is_eagle:
+            raise ValueError(
+                "radix (Mamba): is_eagle=True has no bigram keys here: SGLang 0.5.23 drops it for a "
+                "tree with a MAMBA component (UnifiedTreeCore: is_eagle and MAMBA not in components) "
+                "and keys by tokens; pass is_eagle=False for what it does"
+            )
         if not isinstance(marconi_alpha, (int, float)) or marconi_alpha < 0:
             raise ValueError(f"marconi_alpha must be a number >= 0, got {marconi_alpha!r}")
         if isinstance(marconi_d_model, bool) or not isinstance(marconi_d_model, int) or marconi_d_model < 1:

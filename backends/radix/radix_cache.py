@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode
 from sortedcontainers import SortedList
@@ -33,15 +34,20 @@ class RadixCache:
         page_size: int = 1,
         *,
         disable: bool = False,
+        is_eagle: bool = False,
         eviction_policy: str = "lru",
         free_slots: Callable[[SlotArray], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        events: RadixEventRecorder | None = None,
     ) -> None:
         self.page_size = page_size
         self.disable = disable
+        self.is_eagle = is_eagle  # keys become bigram views at match / insert (key.py)
         self.policy: EvictionPolicy = make_policy(eviction_policy)
         self.free_slots = free_slots if free_slots is not None else (lambda slots: None)
         self.clock = clock
+        # SGLang's ``kv_events`` recorder (None: off); set before the first reset, which it records.
+        self.events = events
         # Ours: changes whenever a match could find something else (a leaf added, a leaf
         # evicted, a reset), so a match taken earlier knows whether it still holds. Splits
         # change no match and do not count.
@@ -58,6 +64,8 @@ class RadixCache:
         # (policy priority, id) and update on each change, so evict pays only for what it pops.
         self._leaves: SortedList = SortedList()
         self._leaf_entry: dict[int, tuple[Any, int, TreeNode]] = {}
+        if self.events is not None:
+            self.events.record_all_cleared()
 
     # ------------------------------------------------------------------ sizes
     def evictable_size(self) -> int:
@@ -80,6 +88,7 @@ class RadixCache:
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """Longest cached whole-page prefix of ``key``. Stamps access times on every visited
         node, splits a node where the match ends inside it; never locks, never counts a hit."""
+        key, _ = key.maybe_to_bigram_view(self.is_eagle)
         key = key.page_aligned(self.page_size)
         if self.disable or len(key) == 0:
             return MatchResult(0, EMPTY_SLOTS, self.root_node)
@@ -113,6 +122,7 @@ class RadixCache:
         """
         if self.disable:
             return 0
+        key, _ = key.maybe_to_bigram_view(self.is_eagle)
         key = key.page_aligned(self.page_size)
         value = np.asarray(key.token_ids if value is None else value, dtype=np.int64)[: len(key)]
         if len(value) != len(key):
@@ -137,7 +147,7 @@ class RadixCache:
             leaf = TreeNode(now, priority=priority)
             leaf.parent = node
             # an own copy: a view would keep the caller's whole token array alive
-            leaf.key = RadixKey(key.token_ids[pos:].copy(), key.extra_key)
+            leaf.key = key[pos:].copy()
             leaf.value = value[pos:].copy()
             leaf.hit_count = 1 if len(key) > hit_from else 0
             node.children[leaf.key.child_key(self.page_size)] = leaf
@@ -145,6 +155,8 @@ class RadixCache:
             self.evictable_size_ += len(leaf.value)
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
+            if self.events is not None:
+                self.events.record_store(leaf)
         return pos
 
     def _descend(
@@ -238,6 +250,8 @@ class RadixCache:
             self.free_slots(leaf.value)
             evicted += len(leaf.value)
             self._delete_leaf(leaf)  # its parent joins the leaves if now unlocked and childless
+            if self.events is not None:
+                self.events.record_remove(leaf)
         return evicted
 
     def _delete_leaf(self, node: TreeNode) -> None:

@@ -17,8 +17,10 @@ Request flow, in our hooks (SGLang's names)::
 a full page); ``swa_usage()`` the SWA pool, the same three ways. Both pools have their own page 0;
 ``page_table`` holds full-pool ids, ``page_tables`` full ids and SWA ids (0 where freed).
 ``stats.evicted_tokens`` counts full KV dropped (an SWA-only tombstoning drops no token).
-Options: ``swa_full_tokens_ratio`` (SGLang's --swa-full-tokens-ratio, 0.8) and
-``swa_eviction_interval`` (SGLANG_SWA_EVICTION_INTERVAL, 128). SGLang's early release of the
+Options: ``swa_full_tokens_ratio`` (SGLang's --swa-full-tokens-ratio, 0.8),
+``swa_eviction_interval`` (SGLANG_SWA_EVICTION_INTERVAL, 128) and ``is_eagle`` (bigram keys: a
+checkpoint of c tokens inserts the KV of c - 1, and the out-of-window frontier and the SWA branch
+point are measured in bigrams as SGLang measures them). SGLang's early release of the
 prefill's SWA lock (SGLANG_OPT_RELEASE_PREFILL_SWA) is off by default there and not modelled.
 """
 
@@ -78,6 +80,7 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         eviction_policy: str = "lru",
         need_sort: bool = False,
         disable: bool = False,
+        is_eagle: bool = False,
     ) -> None:
         if eviction_policy != "lru" or need_sort or disable:
             raise ValueError(
@@ -95,13 +98,14 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         super().__init__(config)
         self.window = swa_window(config)
         self.swa_eviction_interval = swa_eviction_interval
+        self.is_eagle = is_eagle
         self.sizes = swa_pool_sizes(config, swa_full_tokens_ratio)
         self._new_pools()
 
     def _new_pools(self) -> None:
         p = self.page_size
         self.pool = SWAPagePool(self.sizes.full_tokens // p + 1, self.sizes.swa_tokens // p + 1, page_size=p)
-        self.tree = SWARadixTree(p, self.window, self.pool)
+        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle)
 
     # ------------------------------------------------------------------ layout
     def kv_groups(self) -> tuple[KVGroup, ...]:
@@ -251,16 +255,17 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         """``checkpoint_into_tree(req, up_to=num_computed_tokens)``."""
         p = self.page_size
         computed = req.num_computed_tokens
-        branching = live.branching
-        branch = branching is not None and live.protected < branching <= computed
-        cache_len = branching if branch else computed  # prepare_for_caching_req
-        assert cache_len is not None
+        eagle = int(self.is_eagle)  # an EAGLE key of N bigrams spans N + 1 raw tokens
+        branching = -1 if live.branching is None else live.branching
+        branch = live.protected < branching and branching + eagle <= computed
+        cache_len = branching + eagle if branch else computed  # prepare_for_caching_req
+        key = request_key(req)[:cache_len].maybe_to_bigram_view(self.is_eagle)[0]
         if not finished:
-            self._free_out_of_window(live, cache_len - 1)
-        aligned = cache_len // p * p
+            self._free_out_of_window(live, len(key) - 1)  # measured on the key, as SGLang
+        key = key.page_aligned(p)
+        aligned = len(key)
         if aligned == 0:
             return
-        key = request_key(req)[:aligned]
         own = self._slots(live.pages[: aligned // p])
         _, node = self.tree.insert(key, own, live.protected, live.swa_evicted)
         path = self.tree.path_indices(node)
@@ -272,7 +277,7 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         if branch:  # cleanup_after_caching_req: the branch is in; free what slid out since
             live.branching = None
             if not finished:
-                self._free_out_of_window(live, computed - 1)
+                self._free_out_of_window(live, computed - eagle - 1)
 
     def _commit(self, req: Request, state: _SWALive) -> None:
         if state.decoding or req.num_computed_tokens == 0:

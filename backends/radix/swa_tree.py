@@ -1,6 +1,7 @@
 """SWARadixTree: SGLang 0.5.23's ``UnifiedRadixCache`` with the FULL and SWA components
 (``unified_cache/unified_tree_core.py`` Python core, ``components/full.py``, ``components/swa.py``),
-HiCache, sessions and EAGLE left out.
+HiCache and sessions left out. ``is_eagle``: keys become bigram views at match / insert (key.py),
+so every length here (window rule, split, SWA frontier) counts bigrams, as SGLang's does.
 
 One tree. A node holds its full-pool slots (``value``, never None here: without a host tier a
 node loses its full KV only by being deleted) and its SWA-pool slots (``swa``; None = tombstone,
@@ -44,11 +45,12 @@ class LockReceipt(NamedTuple):
 
 
 class SWARadixTree:
-    def __init__(self, page_size: int, window: int, pool: SWAPagePool) -> None:
+    def __init__(self, page_size: int, window: int, pool: SWAPagePool, is_eagle: bool = False) -> None:
         if window < 1:
             raise ValueError(f"SWA tree needs a positive window, got {window}")
         self.page_size = page_size
         self.window = window
+        self.is_eagle = is_eagle
         self.pool = pool
         self.version = 0  # ours, as RadixCache.version: changes whenever a match could change
         self._time = 0.0
@@ -139,7 +141,7 @@ class SWARadixTree:
         """Longest prefix whose full KV is cached and whose SWA holds one window before its
         end: a run of >= window untombstoned tokens after the last tombstone on the path (or
         no tombstone at all). Splits where the key ends inside a node; stamps the best path."""
-        key = key.page_aligned(self.page_size)
+        key = key.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(self.page_size)
         if len(key) == 0:
             return SWAMatch(0, EMPTY, self.root, 0)
         node, pos, full_hit = self.root, 0, 0
@@ -203,7 +205,7 @@ class SWARadixTree:
         """
         if swa_evicted_seqlen % self.page_size:
             raise ValueError(f"swa_evicted_seqlen={swa_evicted_seqlen} is not page-aligned")
-        key = key.page_aligned(self.page_size)
+        key = key.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(self.page_size)
         value = np.asarray(value, dtype=np.int64)[: len(key)]
         if len(value) != len(key):
             raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
@@ -279,7 +281,7 @@ class SWARadixTree:
     def _add_leaf(self, parent: SWANode, key: RadixKey, value: SlotArray) -> SWANode:
         leaf = self._new_node()
         leaf.parent = parent
-        leaf.key = RadixKey(key.token_ids.copy(), key.extra_key)
+        leaf.key = key.copy()
         leaf.value = value.copy()
         parent.children[leaf.key.child_key(self.page_size)] = leaf
         self.full_evictable += len(value)

@@ -13,8 +13,11 @@ The request object handed to ``checkpoint`` is a small stand-in carrying only th
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from array import array
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -65,7 +68,32 @@ class _Req:
         return len(self.origin_input_ids) + len(self.output_ids)
 
 
-def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[list[dict[str, Any]], float]:
+class _UnifiedReq(_Req):
+    """What UnifiedRadixCache.checkpoint_into_tree reads beyond RadixCache's fields (its
+    prompt split compares the prompt as an array with the node keys)."""
+
+    def __init__(self, rid: str, prompt: list[int], salt: str | None, row: int) -> None:
+        from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+        super().__init__(rid, prompt, salt, row)
+        self.kv = ReqKvInfo(req_pool_idx=row)
+        self.session = self.session_id = self.kv_rotation_base = self.swa_branching_seqlen = None
+        self.origin_input_ids = array("q", prompt)  # type: ignore[assignment]
+
+    def finished(self) -> bool:
+        return False  # a FULL-only tree reads it for nothing that changes the records
+
+    @property
+    def full_untruncated_fill_ids(self) -> array:
+        return self.origin_input_ids + array("q", self.output_ids)  # type: ignore[operator]
+
+
+def replay_sglang(
+    scenario: dict[str, Any], need_sort: bool = True, is_eagle: bool = False, unified: bool = False
+) -> tuple[list[dict[str, Any]], float]:
+    """is_eagle: ``CacheInitParams.is_eagle`` (EAGLE speculative decoding: bigram keys).
+    unified: UnifiedRadixCache with the FULL component (Python core), what 0.5.23's registry
+    builds for a plain model, instead of RadixCache."""
     ps = scenario["page_size"]
     size = scenario["capacity_tokens"] - ps  # usable slots; slot/page 0 is SGLang's padding slot
     if ps == 1:
@@ -87,8 +115,19 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
             live_now -= 1
     rtt = _ReqToTokenPool(max(max_live, 1), max([4096, *length.values()]) + ps)
     free_rows = list(range(max(max_live, 1)))[::-1]
-    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=rtt,
-                                      token_to_kv_pool_allocator=alloc, page_size=ps))
+    params = CacheInitParams(disable=False, req_to_token_pool=rtt, token_to_kv_pool_allocator=alloc,
+                             page_size=ps, is_eagle=is_eagle)
+    req_class = _Req
+    if unified:
+        import sglang.srt.mem_cache.unified_radix_cache as unified_mod
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        shim.deterministic_clock(unified_mod)
+        params.tree_components, params.tree_core_backend = (ComponentType.FULL,), "python"
+        tree = unified_mod.UnifiedRadixCache(params)
+        req_class = _UnifiedReq
+    else:
+        tree = RadixCache(params)
     reqs: dict[str, _Req] = {}
     live: set[str] = set()
     records: list[dict[str, Any]] = []
@@ -140,7 +179,7 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
         rec: dict[str, Any] = {}
         t0 = time.perf_counter()
         if kind == "new":
-            reqs[op["rid"]] = _Req(op["rid"], op["prompt"], op.get("salt"), free_rows.pop())
+            reqs[op["rid"]] = req_class(op["rid"], op["prompt"], op.get("salt"), free_rows.pop())
             spent += time.perf_counter() - t0
         elif kind == "alloc":
             r = reqs[op["rid"]]
@@ -200,3 +239,57 @@ def replay_sglang(scenario: dict[str, Any], need_sort: bool = True) -> tuple[lis
         rec["usage"] = [free_pages, evictable, size // ps - free_pages - evictable]
         records.append(rec)
     return records, spent
+
+
+# ---------------------------------------------------------------------------- EAGLE fixtures
+EAGLE_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "upstream" / "sglang_eagle"
+
+
+def eagle_split_prompt(page_size: int) -> Any:
+    """A prompt of whole pages with output after it: the checkpoint splits the leaf at the
+    prompt's bigrams (one fewer than its tokens), and eviction takes the output part first."""
+    from prefixcache.experiments.upstream.scenarios import Scenario
+
+    p = page_size
+    prompt, out = list(range(100, 100 + 3 * p)), list(range(200, 200 + 2 * p + 1))
+    s = Scenario(f"split_prompt_p{p}", 64 * p, p, systems=("sglang",))
+    s.whole("a", prompt, out=out).evict(1).prefill("b", [*prompt, 7]).release("b")
+    return s.whole("c", [*prompt, *out, 9], out=[5]).evict(1).evict(1)
+
+
+def eagle_scenarios() -> list[Any]:
+    """The scripted scenarios, two seeded ones and the prompt split, at page 1 and 4
+    (scenarios.py)."""
+    from prefixcache.experiments.upstream.scenarios import scripted, seeded
+
+    return [
+        sc for p in (1, 4) for sc in (*scripted(p), seeded(p, 1), seeded(p, 2), eagle_split_prompt(p))
+    ]
+
+
+def record_eagle() -> None:  # pragma: no cover - needs SGLang
+    """Write tests/fixtures/upstream/sglang_eagle/sglang_eagle_*.json: each scenario through
+    RadixCache(is_eagle=True), need_sort=False (a plain server's allocator), after checking
+    that UnifiedRadixCache(FULL, is_eagle=True) records the same."""
+    EAGLE_FIXTURES.mkdir(parents=True, exist_ok=True)
+    for sc in eagle_scenarios():
+        scenario = sc.to_json()
+        records, _ = replay_sglang(scenario, need_sort=False, is_eagle=True)
+        unified, _ = replay_sglang(scenario, need_sort=False, is_eagle=True, unified=True)
+        assert unified == records, f"{scenario['name']}: UnifiedRadixCache(FULL) != RadixCache"
+        fixture = {
+            "system": "sglang",
+            "backend": "radix",
+            "upstream": "sglang 0.5.23 mem_cache/radix_cache.py RadixCache(is_eagle=True) + allocator "
+            "(UnifiedRadixCache(FULL, python core, is_eagle=True) records the same)",
+            "options": {"need_sort": False, "is_eagle": True},
+            "scenario": scenario,
+            "records": records,
+        }
+        path = EAGLE_FIXTURES / f"sglang_eagle_{scenario['name']}.json"
+        path.write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
+        print(path.name, len(records), "ops", file=sys.stderr)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    record_eagle()

@@ -13,9 +13,11 @@ A tree scenario is a window, a page size, two pool sizes (usable tokens) and ops
   {"op": "lock", "tokens", "name"} / {"op": "unlock", "name"} / {"op": "release_swa", "name"}
                                               lock the match's node / unlock / early SWA release
 
-Each op records its result and the pools: [full available, SWA available, full evictable, SWA
-evictable] (tokens). Run ``python -m prefixcache.experiments.upstream.sglang_hybrid_driver`` with
-the upstream venv to (re)write tests/fixtures/upstream/sglang_hybrid_*.json.
+A scenario with ``"is_eagle": true`` (and a request scenario with ``options.is_eagle``) builds the
+tree with ``CacheInitParams.is_eagle`` (EAGLE bigram keys). Each op records its result and the
+pools: [full available, SWA available, full evictable, SWA evictable] (tokens). Run
+``python -m prefixcache.experiments.upstream.sglang_hybrid_driver`` with the upstream venv to
+(re)write tests/fixtures/upstream/sglang_hybrid_*.json.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ def scenario_12() -> dict[str, Any]:
         "swa_tokens": 32,
         "ops": ops,
     }
+
+
+def scenario_12_eagle() -> dict[str, Any]:
+    """``test_swa_radix_cache_eagle``: scenario 12's ops on a tree with ``is_eagle=True``
+    (bigram keys; each insert hands over one slot per raw token, the tree keeps one per bigram)."""
+    return {**scenario_12(), "name": "scenario12_eagle", "is_eagle": True}
 
 
 def seeded(
@@ -102,6 +110,7 @@ def seeded(
 def all_scenarios() -> list[dict[str, Any]]:
     return [
         scenario_12(),
+        scenario_12_eagle(),
         seeded(1, 1, 4, 40, 24, 120),
         seeded(2, 1, 3, 48, 20, 120),
         seeded(3, 4, 6, 64, 40, 120),
@@ -164,6 +173,7 @@ def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no c
             token_to_kv_pool_allocator=alloc,
             page_size=p,
             sliding_window_size=w,
+            is_eagle=sc.get("is_eagle", False),
             tree_components=(ComponentType.FULL, ComponentType.SWA),
             tree_core_backend="python",
         )
@@ -317,9 +327,13 @@ def request_scenarios() -> list[dict[str, Any]]:
 
     out = []
     cases = ((1, 4, 48, 1), (1, 8, 64, 1), (4, 8, 96, 1), (4, 4, 64, 1), (16, 24, 192, 5), (2, 6, 56, 3))
-    for seed, (p, window, cap, n_swa) in enumerate(cases, start=1):
+    # EAGLE (is_eagle=True): the same generator, its own seeds
+    eagle = ((1, 4, 48, 1), (1, 8, 64, 1), (4, 8, 96, 1), (2, 6, 56, 3))
+    runs = [(seed, case, False) for seed, case in enumerate(cases, start=1)]
+    runs += [(seed, case, True) for seed, case in enumerate(eagle, start=len(cases) + 1)]
+    for seed, (p, window, cap, n_swa), is_eagle in runs:
         rng = random.Random(seed)
-        s = Scenario(f"req{seed}_p{p}", cap, p, systems=("sglang",))
+        s = Scenario(f"req{seed}_p{p}" + ("_eagle" if is_eagle else ""), cap, p, systems=("sglang",))
         k = max(1, p // 4)  # longer prompts on big pages, so that whole pages get shared
         stems = [[rng.randrange(1, 500) for _ in range(rng.randrange(3, 14) * k)] for _ in range(3)]
         live: list[str] = []
@@ -344,7 +358,7 @@ def request_scenarios() -> list[dict[str, Any]]:
             s.release(rid)
         sc = s.to_json()
         sc["layout"] = [["sliding_window", window]] * n_swa + [["full"]]
-        sc["options"] = {"swa_eviction_interval": 2}
+        sc["options"] = {"swa_eviction_interval": 2, **({"is_eagle": True} if is_eagle else {})}
         out.append(sc)
     return out
 
@@ -382,6 +396,7 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
             token_to_kv_pool_allocator=alloc,
             page_size=ps,
             sliding_window_size=window,
+            is_eagle=sc["options"].get("is_eagle", False),
             tree_components=(ComponentType.FULL, ComponentType.SWA),
             tree_core_backend="python",
         )

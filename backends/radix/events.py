@@ -1,0 +1,153 @@
+"""KV events of the radix tree, as SGLang 0.5.23 records them (``mem_cache/events.py``
+``KVCacheEventRecorder``, called by ``radix_cache.py``), in vLLM's schema (prefixcache.kv_events).
+
+Where: ``BlockStored`` for the pages of each new leaf an insert creates (a split stores
+nothing: the pages were stored already), ``BlockRemoved`` for the pages of each leaf eviction
+deletes, ``AllBlocksCleared`` at every reset, the one the tree's construction runs included.
+Consecutive events of one kind merge as SGLang's ``enqueue`` merges them: removals into one,
+stores into one when the next page's parent is the last page of the previous store.
+
+Hashes: SGLang's page hash is SHA-256 over the previous page's digest (none for a first page)
+and the page's token ids as little-endian uint32 (a page holding an id >= 2**32: a 0xff tag
+and uint64 ids); the event carries the digest's first 8 bytes as a signed big-endian int64.
+A salted namespace seeds its chain with SHA-256(b"sglang-cache-salt-v1\\0" + salt); the LoRA
+part of a namespace does not enter the event hash (SGLang's non-Dynamo format publishes no
+LoRA namespace unless an adapter name is registered, which our requests never do). The
+parent of a leaf's first page is the last page of its parent node; None under the root.
+
+Digests are kept per node id and computed at most once per page: a split keeps the lower
+part in the old node (which keeps the tail of its digests) and makes the upper part a new
+node, whose digests are recomputed from its parent on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any
+
+import numpy as np
+from prefixcache.backends.radix.tree import TreeNode
+
+SALT_SEED_TAG = b"sglang-cache-salt-v1\0"
+_UINT32_MAX = (1 << 32) - 1
+
+
+def page_digest(prior: bytes | None, tokens: np.ndarray) -> bytes:
+    """SGLang's ``hash_page`` for one page of token ids."""
+    h = hashlib.sha256()
+    if prior is not None:
+        h.update(prior)
+    if len(tokens) and int(tokens.max()) > _UINT32_MAX:
+        h.update(b"\xff")
+        h.update(tokens.astype("<u8").tobytes())
+    else:
+        h.update(tokens.astype("<u4").tobytes())
+    return h.digest()
+
+
+def event_hash(digest: bytes) -> int:
+    """SGLang's ``hash_str_to_int64`` of the hex digest: its first 8 bytes, signed."""
+    return struct.unpack(">q", digest[:8])[0]  # type: ignore[no-any-return]
+
+
+def salt_of(extra_key: Any) -> str | None:
+    """The cache salt of a namespace (backend.extra_key: None or (lora_name, salt))."""
+    return None if extra_key is None else extra_key[1]
+
+
+class RadixEventRecorder:
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self._queue: list[Any] = []
+        self._tail_salt: str | None = None  # SGLang also merges stores only within one salt
+        self._digests: dict[int, list[bytes]] = {}  # node id -> page digests (maybe a longer tail)
+
+    # ------------------------------------------------------------------ hashes
+    def _node_digests(self, node: TreeNode) -> list[bytes]:
+        num_pages = len(node.key) // self.page_size
+        kept = self._digests.get(node.id)
+        if kept is not None and len(kept) >= num_pages:
+            if len(kept) > num_pages:  # split since: the node kept the lower pages
+                kept = self._digests[node.id] = kept[len(kept) - num_pages :]
+            return kept
+        parent = node.parent
+        assert parent is not None, f"{node} is the root or detached"
+        if parent.parent is not None:
+            prior: bytes | None = self._node_digests(parent)[-1]
+        else:
+            salt = salt_of(node.key.extra_key)
+            prior = None if salt is None else hashlib.sha256(SALT_SEED_TAG + salt.encode()).digest()
+        tokens, p = node.key.token_ids, self.page_size
+        digests = []
+        for start in range(0, num_pages * p, p):
+            prior = page_digest(prior, tokens[start : start + p])
+            digests.append(prior)
+        self._digests[node.id] = digests
+        return digests
+
+    # ------------------------------------------------------------------ recording
+    def record_store(self, node: TreeNode) -> None:
+        from prefixcache.kv_events import MEDIUM_GPU, BlockStored
+
+        parent = node.parent
+        assert parent is not None
+        parent_hash = event_hash(self._node_digests(parent)[-1]) if parent.parent is not None else None
+        salt = salt_of(node.key.extra_key)
+        tokens, p = node.key.token_ids.tolist(), self.page_size
+        for i, digest in enumerate(self._node_digests(node)):
+            h = event_hash(digest)
+            page = tokens[i * p : (i + 1) * p]
+            self._enqueue(
+                BlockStored(
+                    block_hashes=[h],
+                    parent_block_hash=parent_hash,
+                    token_ids=page,
+                    block_size=len(page),
+                    lora_id=None,
+                    medium=MEDIUM_GPU,
+                    lora_name=None,
+                ),
+                salt,
+            )
+            parent_hash = h
+
+    def record_remove(self, node: TreeNode) -> None:
+        """After the leaf left the tree (its parent link is kept, as SGLang's)."""
+        from prefixcache.kv_events import MEDIUM_GPU, BlockRemoved
+
+        hashes: list[bytes | int] = [event_hash(d) for d in self._node_digests(node)]
+        del self._digests[node.id]
+        if hashes:
+            self._enqueue(BlockRemoved(block_hashes=hashes, medium=MEDIUM_GPU), None)
+
+    def record_all_cleared(self) -> None:
+        from prefixcache.kv_events import AllBlocksCleared
+
+        self._digests.clear()
+        self._enqueue(AllBlocksCleared(), None)
+
+    def _enqueue(self, event: Any, salt: str | None) -> None:
+        """SGLang's ``KVCacheEventRecorder.enqueue``: merge into a compatible queue tail."""
+        tail = self._queue[-1] if self._queue else None
+        kind = type(event).__name__
+        if tail is not None and type(tail).__name__ == kind == "BlockRemoved" and tail.medium == event.medium:
+            tail.block_hashes.extend(event.block_hashes)
+            return
+        if (
+            tail is not None
+            and type(tail).__name__ == kind == "BlockStored"
+            and (tail.medium, tail.lora_id, tail.block_size, tail.lora_name, self._tail_salt)
+            == (event.medium, event.lora_id, event.block_size, event.lora_name, salt)
+            and tail.block_hashes
+            and event.parent_block_hash == tail.block_hashes[-1]
+        ):
+            tail.block_hashes.extend(event.block_hashes)
+            tail.token_ids.extend(event.token_ids)
+            return
+        self._queue.append(event)
+        self._tail_salt = salt
+
+    def take(self) -> list[Any]:
+        events, self._queue = self._queue, []
+        return events

@@ -1,0 +1,297 @@
+"""HiCacheRadixPrefixCache: the radix backend with SGLang 0.5.23's HiCache host tier (L2 only).
+
+In our hooks, as 0.5.23's scheduler drives ``UnifiedRadixCache`` with ``init_hicache``::
+
+    lookup   match_prefix: device prefix, then the host-only tail (``host_hit_length``);
+             ``Match.host_tokens`` is that tail, or 0 below ``load_back_threshold`` (10)
+    allocate first: ``PrefillAdder.add_one_req`` -> ``init_load_back`` -> ``load_back``: all
+             the tail or nothing; device eviction first when short (``evict_for_alloc``);
+             then the extend's pages as the plain backend takes them
+    commit / release   checkpoint as the plain backend; the insert may start write-through
+             copies (hicache_tree.py), acknowledged in ``advance_transfers`` (``writing_check``
+             at the next scheduler step; the write lock is held until then)
+
+A load needs the whole tail's device pages and the extend's at once; if even evicting every
+unpinned device node cannot give both, ``allocate`` refuses and changes nothing (SGLang's
+budget check refuses such a request up front).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+from prefixcache.backends.radix.backend import RadixPrefixCache, TreeMatch, _Live, request_key
+from prefixcache.backends.radix.hicache_pool import HostPool, host_pool_tokens
+from prefixcache.backends.radix.hicache_tree import HiRadixCache, HiTreeNode
+
+from prefixcache.config import CacheConfig
+from prefixcache.interface import Match, PageUsage, PrefixCache, ensure
+from prefixcache.pool import PageIds, PagePool, PageTable
+from prefixcache.request import Request
+from prefixcache.tiers import HostTierConfig
+
+LOAD_BACK_THRESHOLD = 10  # init_hicache: self.load_back_threshold = 10
+DEFAULT_WRITE_POLICY = "write_through"  # server_args.hicache_write_policy, 0.5.23
+HASHCHAIN_ONLY_FIELDS = ("eviction_policy", "block_size", "store_threshold", "offload_prompt_only")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class HiTreeMatch(TreeMatch):
+    """TreeMatch plus the host part: ``best_node`` ends it, ``host_hit_length`` is its size;
+    ``host_tokens`` is what admission loads (0 below the threshold)."""
+
+    best_node: HiTreeNode | None = None
+    host_hit_length: int = 0
+    host_tokens: int = 0  # type: ignore[assignment]
+
+
+class HiCacheRadixPrefixCache(RadixPrefixCache):
+    name = "radix"
+    load_overlapped = True  # layer-by-layer in the same forward
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        *,
+        host_tier: HostTierConfig,
+        eviction_policy: str = "lru",
+        clock: Callable[[], float] = time.monotonic,
+        need_sort: bool = False,
+        disable: bool = False,
+        is_eagle: bool = False,
+    ) -> None:
+        if not isinstance(host_tier, HostTierConfig):
+            raise ValueError(f"host_tier must be a HostTierConfig, got {type(host_tier).__name__}")
+        if config.is_hybrid:
+            raise ValueError(
+                "the radix host tier models full-attention layouts only, not "
+                f"{config.model_layout.describe()}"
+            )
+        if disable:
+            raise ValueError("HiCache needs the radix cache: disable=True with a host tier")
+        if is_eagle:
+            raise ValueError("the radix host tier does not model EAGLE bigram keys")
+        host_tier.reject_fields("radix", HASHCHAIN_ONLY_FIELDS)
+        PrefixCache.__init__(self, config)
+        self.host_tier = host_tier
+        self.need_sort = need_sort
+        self.is_eagle = False
+        self.write_policy = host_tier.write_policy or DEFAULT_WRITE_POLICY
+        threshold = host_tier.load_back_threshold
+        self.load_back_threshold = LOAD_BACK_THRESHOLD if threshold is None else threshold
+        self.device_tokens = config.num_usable_pages * config.page_size
+        self.host_size = host_pool_tokens(host_tier, self.device_tokens, config.page_size)
+        self._eviction_policy, self._clock = eviction_policy, clock
+        self.cached_tokens_device = self.cached_tokens_host = 0
+        self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
+        self.tree = self._new_tree()
+
+    def _new_tree(self) -> HiRadixCache:
+        return HiRadixCache(
+            self.page_size,
+            host_pool=HostPool(self.host_size, self.page_size),
+            write_policy=self.write_policy,
+            eviction_policy=self._eviction_policy,
+            free_slots=self._free_slots,
+            on_stored=self._count_stored,
+            on_host_evicted=self._count_host_evicted,
+            clock=self._clock,
+        )
+
+    def _count_stored(self, n: int) -> None:
+        self.stats.stored_tokens += n
+
+    def _count_host_evicted(self, n: int) -> None:
+        self.stats.host_evicted_tokens += n
+
+    @property
+    def hitree(self) -> HiRadixCache:
+        return cast(HiRadixCache, self.tree)
+
+    # ------------------------------------------------------------------ hooks
+    def _match(self, req: Request) -> HiTreeMatch:
+        m = self.hitree.match_with_host(request_key(req)[: req.num_tokens - 1])
+        host = m.host_hit_length
+        # load_back skips a tail under max(1, load_back_threshold) tokens: they are recomputed
+        loads = host if host >= max(1, self.load_back_threshold) else 0
+        d = m.device
+        return HiTreeMatch(
+            self,
+            req,
+            req.num_tokens,
+            d.length,
+            self.tree.version,
+            d.indices,
+            d.last_node,
+            m.best_node,
+            host,
+            loads,
+        )
+
+    def _revalidate(self, match: Match) -> HiTreeMatch:
+        """The tree changed since: a device node may be host-only now, a host copy gone.
+        Match again (the walk finds exactly what holds now)."""
+        return self._match(match.request)
+
+    def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _Live | None:
+        m = cast(HiTreeMatch, match)
+        tree, p = self.hitree, self.page_size
+        hit = m.tokens + m.host_tokens
+        load = tree.evicted_path(m.best_node) if m.host_tokens and m.best_node is not None else []
+        assert sum(len(n.key) for n in load) == m.host_tokens
+        load_pages = m.host_tokens // p
+        need = -(-(hit + num_new_tokens) // p) - hit // p
+        tree.inc_lock_ref(m.last_node)  # first, so making room cannot evict our hit
+        if load_pages + need > self.pool.num_free + tree.evictable_size() // p:
+            tree.dec_lock_ref(m.last_node)
+            return None
+        last_node = m.last_node
+        loaded: PageIds | None = np.empty(0, dtype=np.int64)
+        if load:
+            assert m.best_node is not None
+            m.best_node.host_lock_ref += 1  # held to the ack: eviction may write back, evict host
+            short = m.host_tokens - self.pool.num_free * p
+            if short > 0:
+                self.stats.evicted_tokens += tree.evict(short)
+            loaded = self.pool.alloc(load_pages)
+            assert loaded is not None
+            slots, at = self._slots(loaded), 0
+            for node in load:
+                tree.revive(node, slots[at : at + len(node.key)])
+                at += len(node.key)
+            tree.inc_lock_ref(m.best_node)  # the request's lock
+            tree.inc_lock_ref(m.best_node)  # the load's (ongoing_load_back), with the host pin
+            tree.ongoing_loads.append(m.best_node)
+            tree.dec_lock_ref(m.last_node)
+            last_node = m.best_node
+        demand, merge_if_over = self._demand(num_new_tokens, decode=False)
+        made = self._make_room(need, demand)
+        assert made, "the load and the extend were checked to fit together"
+        new_pages = self.pool.alloc(need, merge_if_over=merge_if_over)
+        assert new_pages is not None
+        # [0, tokens) device hit | [tokens, hit) loaded from host | [hit, ...) our own pages
+        assert loaded is not None
+        pages = PageTable(np.concatenate([self._pages_of(m.indices), loaded, new_pages]))
+        self.cached_tokens_device += m.tokens
+        self.cached_tokens_host += m.host_tokens
+        return _Live(pages, hit, last_node, 0, req.num_tokens)
+
+    def _decode_steps_in_place(self, req: Request, state: _Live) -> int:
+        """None while a copy is in flight: its ack (next step) changes the cache."""
+        if self.hitree.ongoing_writes or self.hitree.ongoing_loads:
+            return 0
+        return super()._decode_steps_in_place(req, state)
+
+    def _checkpoint(self, req: Request, live: _Live) -> None:
+        """RadixPrefixCache._checkpoint, except that pages the tree adopted (host-only nodes
+        restored from this request's KV) are kept, not freed as duplicates."""
+        p = self.page_size
+        key = request_key(req)[: req.num_computed_tokens].page_aligned(p)
+        aligned = len(key)
+        own = self._slots(live.pages[: aligned // p])
+        cached = self.tree.insert(key, own, hit_from=live.hits_counted)
+        live.hits_counted = max(live.hits_counted, aligned)
+        prompt = req.num_prompt_tokens // p * p
+        if 0 < prompt < aligned:
+            self.tree.insert(key[:prompt], own[:prompt], priority=1, hit_from=prompt)
+        match = self.tree.match_prefix(key)
+        assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"
+        tree_pages = self._pages_of(match.indices)
+        span = slice(live.protected // p, cached // p)
+        mine = live.pages[span]
+        duplicates = mine[mine != tree_pages[span]]
+        live.pages[live.protected // p : aligned // p] = tree_pages[live.protected // p :]
+        self.pool.free(duplicates)
+        self.tree.dec_lock_ref(live.last_node)
+        self.tree.inc_lock_ref(match.last_node)
+        live.last_node, live.protected = match.last_node, aligned
+
+    def _reset(self) -> None:
+        # no request is live: every page returns; the same tree, so its version keeps counting
+        self.pool = PagePool(self.config.num_pages, need_sort=self.need_sort, page_size=self.page_size)
+        self.hitree.host_pool = HostPool(self.host_size, self.page_size)
+        self.tree.reset()
+        self.cached_tokens_device = self.cached_tokens_host = 0
+
+    # ------------------------------------------------------------------ host tier
+    def advance_transfers(self) -> None:
+        """``check_hicache_events``: writes ack (``writing_check``), then loads
+        (``loading_check``); every copy started before this step has finished."""
+        self.hitree.ack_writes()
+        self.hitree.ack_loads()
+
+    def host_usage(self) -> PageUsage:
+        """free: host pool; in use: copies in flight (a write-through not yet acked, a load's
+        pinned anchor); evictable: every other host copy the tree holds."""
+        tree, p = self.hitree, self.page_size
+        writing = (n for _, nodes in tree.ongoing_writes.values() for n in nodes if n.write_ack is not None)
+        busy = {n.id: n for n in writing}
+        busy.update((n.id, n) for n in tree.ongoing_loads)  # O(copies in flight), not O(tree)
+        in_use = sum(len(n.host_value) for n in busy.values() if n.host_value is not None) // p
+        free = tree.host_pool.num_free_pages
+        return PageUsage(free, tree.host_pool.num_pages - free - in_use, in_use)
+
+    def num_host_pages(self) -> int:
+        return self.hitree.host_pool.num_pages
+
+    def tier_metrics(self) -> dict[str, int]:
+        """SGLang's ``sglang:cached_tokens`` by ``cache_source`` (device / host), summed over
+        admissions."""
+        return {
+            "cached_tokens_device": self.cached_tokens_device,
+            "cached_tokens_host": self.cached_tokens_host,
+        }
+
+    # ------------------------------------------------------------------ accounting
+    def check_invariants(self) -> None:
+        PrefixCache.check_invariants(self)
+        self.pool.check()
+        tree, p = self.hitree, self.page_size
+        try:
+            tree.check()
+        except AssertionError as e:
+            ensure(False, f"hicache tree: {e}")
+        tree_pages: list[int] = []
+        host_pages: list[int] = []
+        for node in tree.iter_nodes():
+            assert isinstance(node, HiTreeNode)
+            if node.value is not None:
+                pages = self._pages_of(node.value)
+                ensure(np.array_equal(self._slots(pages), node.value), f"{node}: slots not whole pages")
+                tree_pages.extend(pages.tolist())
+            if node.host_value is not None:
+                host_pages.extend((node.host_value[::p] // p).tolist())
+        tree_set, host_set = set(tree_pages), set(host_pages)
+        in_flight = [n for n in tree._host_nodes() if n.write_ack is not None or n.host_lock_ref]
+        busy = sum(len(n.host_value) for n in in_flight if n.host_value is not None)
+        ensure(self.host_usage().in_use == busy // p, "host pages in flight drifted from the tree's")
+        ensure(len(tree_set) == len(tree_pages), "a device page is held by two tree nodes")
+        ensure(len(host_set) == len(host_pages), "a host page is held by two tree nodes")
+        ensure(0 not in tree_set, "the tree holds reserved page 0")
+        host_free = tree.host_pool.free_page_ids()
+        ensure(
+            len(set(host_free)) == len(host_free) and not set(host_free) & host_set,
+            "a free host page is held",
+        )
+        ensure(
+            len(host_free) + len(host_set) == tree.host_pool.num_pages,
+            f"host pages free {len(host_free)} + tree {len(host_set)} != {tree.host_pool.num_pages}",
+        )
+        own: list[int] = []
+        for rid, record in self._live.items():
+            live = record.state
+            shared = live.pages[: live.protected // p].tolist()
+            ensure(set(shared) <= tree_set, f"{rid!r} points at prefix pages the tree no longer holds")
+            own.extend(x for x in live.pages[live.protected // p :].tolist() if x not in tree_set)
+        ensure(len(set(own)) == len(own), "a page is owned by two live requests (or twice by one)")
+        free = set(self.pool.free_page_ids().tolist())
+        ensure(not free & tree_set and not free & set(own), "a free page is also held")
+        ensure(
+            len(free) + len(tree_set) + len(own) == self.config.num_usable_pages,
+            f"pages free {len(free)} + tree {len(tree_set)} + requests {len(own)} "
+            f"!= {self.config.num_usable_pages} usable",
+        )

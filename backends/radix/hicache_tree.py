@@ -1,0 +1,509 @@
+"""HiRadixCache: the radix tree with host copies, as SGLang 0.5.23's ``UnifiedRadixCache`` with
+HiCache on (``unified_cache/unified_tree_core.py``, FULL component, ``unified_radix_cache.py``).
+
+Node states (``value`` = device slots, ``host_value`` = host slots): device-only, device +
+host, host-only (``evicted and backuped``), deleted. Invariant: a device-resident node's parent
+is device-resident, so a match is one prefix, its device part first, then its host part.
+
+- insert: bumps ``hit_count`` once per request on every device-resident node it passes past
+  the request's already-inserted length and on the new leaf (never under write_back); an
+  insert through a host-only node restores it from the request's fresh KV (adopted, not
+  freed). A node reaching ``write_through_threshold`` (1 write_through, 2 selective) that is
+  not backed up starts a backup of itself and its unbacked ancestors (ancestors first), each
+  locked until its ack (``ack_writes``).
+- evict (device): candidates are unlocked device nodes whose children are all off device; a
+  backed-up one is demoted to host-only, an unbacked one deleted (write_through) or written
+  back first (write_back: synchronous, no lock; on host OOM its subtree is dropped).
+- evict_host (only when a host alloc falls short): host-only childless unlocked nodes, by the
+  same policy; under write_back, host copies of device-resident nodes go first, in the order
+  they became duplicates (``full_host_duplicates``, swept lazily as upstream does).
+- load back (the backend drives it): the host-only tail gets device slots (``revive``); its
+  anchor stays locked on both tiers until the load's ack (``ack_loads``, ``loading_check``).
+
+Ours, on purpose: access times are stamped as our plain RadixCache stamps them (every visited
+node, one time per walk); 0.5.23's unified tree stamps a match path from its end upwards with
+decreasing times. The recorded fixtures agree on every eviction order they exercise.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+from prefixcache.backends.radix.hicache_pool import HostPool
+from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, MatchResult, RadixCache
+from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode
+
+from prefixcache.eviction import note_eviction
+
+
+class HiTreeNode(TreeNode):
+    """TreeNode plus its host copy, its in-flight write and its host pin."""
+
+    __slots__ = ("host_value", "write_ack", "host_lock_ref", "load_pending")
+
+    def __init__(self, now: float | None = None, priority: int = 0) -> None:
+        super().__init__(now, priority)
+        self.host_value: SlotArray | None = None
+        self.write_ack: int | None = None  # the write-through copy in flight (its ack id)
+        self.host_lock_ref = 0  # pinned on host by a load (until its ack)
+        self.load_pending = False  # write_back: loaded, not yet acked (load_back_pending_id)
+
+    @property
+    def backuped(self) -> bool:
+        return self.host_value is not None
+
+
+class HiMatch(NamedTuple):
+    device: MatchResult  # the device part (length, slots, last device node)
+    best_node: HiTreeNode  # deepest matched node, device or host
+    host_hit_length: int  # host tokens of the evicted tail of the path
+
+
+class HiRadixCache(RadixCache):
+    def __init__(
+        self,
+        page_size: int,
+        *,
+        host_pool: HostPool,
+        write_policy: str,
+        eviction_policy: str = "lru",
+        free_slots: Callable[[SlotArray], None] | None = None,
+        on_stored: Callable[[int], None] = lambda n: None,
+        on_host_evicted: Callable[[int], None] = lambda n: None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.host_pool = host_pool
+        self.write_policy = write_policy
+        self.is_write_back = write_policy == "write_back"
+        self.write_through_threshold = 1 if write_policy == "write_through" else 2
+        self.on_stored = on_stored
+        self.on_host_evicted = on_host_evicted
+        # Observes every copy: ("store" | "load", device slots, host slots), in slot order
+        # (the shadow-KV tests move their model KV with it).
+        self.on_transfer: Callable[[str, SlotArray, SlotArray], None] = lambda kind, d, h: None
+        self.ongoing_writes: dict[int, tuple[HiTreeNode, list[HiTreeNode]]] = {}
+        self.ongoing_loads: list[HiTreeNode] = []  # anchors locked (device and host) until their ack
+        self.full_host_duplicates: dict[int, HiTreeNode] = {}  # write_back reclaim order
+        self._next_ack = 0
+        kwargs = {} if clock is None else {"clock": clock}
+        super().__init__(page_size, eviction_policy=eviction_policy, free_slots=free_slots, **kwargs)
+
+    def reset(self) -> None:
+        super().reset()
+        self.root_node = HiTreeNode(self.clock(), priority=ROOT_PRIORITY)
+        self.root_node.lock_ref = 1
+        self.ongoing_writes = {}
+        self.ongoing_loads = []
+        self.full_host_duplicates = {}
+
+    # ------------------------------------------------------------------ match
+    def match_prefix(self, key: RadixKey) -> MatchResult:
+        return self.match_with_host(key).device
+
+    def match_with_host(self, key: RadixKey) -> HiMatch:
+        """One walk: the device part, then the host-only tail (``_match_prefix_helper``)."""
+        key = key.page_aligned(self.page_size)
+        root = self.root_node
+        assert isinstance(root, HiTreeNode)
+        if len(key) == 0:
+            return HiMatch(MatchResult(0, EMPTY_SLOTS, root), root, 0)
+        now = self.clock()
+        node = root
+        node.last_access_time = now
+        values: list[SlotArray] = []
+        device_len = host_len = pos = 0
+        last_device = node
+        while pos < len(key):
+            step = self._descend(node, key, pos, now)
+            if step is None:
+                break
+            child, n, diverged = step
+            assert isinstance(child, HiTreeNode)
+            if child.evicted:
+                assert child.host_value is not None, f"{child} is evicted and not backed up"
+                host_len += n
+            else:
+                assert host_len == 0, "a device node below a host-only one"
+                values.append(child.value)  # type: ignore[arg-type]
+                device_len += n
+                last_device = child
+            node, pos = child, pos + n
+            if diverged:
+                break
+        indices = np.concatenate(values) if values else EMPTY_SLOTS
+        return HiMatch(MatchResult(device_len, indices, last_device), node, host_len)
+
+    # ------------------------------------------------------------------ insert
+    def insert(
+        self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0
+    ) -> int:
+        """RadixCache.insert with HiCache's rules (module docstring). Returns the length
+        already in the tree, host-only spans included: the caller keeps its slots there
+        where the tree adopted them (the tree's slots are the caller's own)."""
+        key = key.page_aligned(self.page_size)
+        value = np.asarray(key.token_ids if value is None else value, dtype=np.int64)[: len(key)]
+        if len(value) != len(key):
+            raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
+        now = self.clock()
+        node = self.root_node
+        node.last_access_time = now
+        node.priority = max(node.priority, priority)
+        pos = 0
+        while pos < len(key):
+            step = self._descend(node, key, pos, now)
+            if step is None:
+                break
+            child, n, _ = step
+            assert isinstance(child, HiTreeNode)
+            child.priority = max(child.priority, priority)
+            if child.evicted:
+                self._unevict(child, value[pos : pos + n])
+            pos += n
+            if pos > hit_from and self._inc_hit_count_and_check(child):
+                self.write_backup(child)
+            self._refresh(child)
+            node = child
+        if pos < len(key):
+            leaf = HiTreeNode(now, priority=priority)
+            leaf.parent = node
+            leaf.key = key[pos:].copy()
+            leaf.value = value[pos:].copy()
+            node.children[leaf.key.child_key(self.page_size)] = leaf
+            self.version += 1
+            self.evictable_size_ += len(leaf.value)
+            self._update_leaf_status(node)
+            self._update_leaf_status(leaf)
+            if len(key) > hit_from and self._inc_hit_count_and_check(leaf):
+                self.write_backup(leaf)
+        return pos
+
+    def _inc_hit_count_and_check(self, node: HiTreeNode) -> bool:
+        """0.5.23 ``_inc_hit_count_and_check``: no count on a host-only node nor under
+        write_back; True when a not-backed-up node reaches the write-through threshold."""
+        if node.evicted or self.is_write_back:
+            return False
+        node.hit_count += 1
+        return not node.backuped and node.hit_count >= self.write_through_threshold
+
+    def _unevict(self, node: HiTreeNode, fresh: SlotArray, track: bool = True) -> None:
+        """``_unevict_node_on_insert``: a host-only node takes the inserter's fresh slots."""
+        node.value = fresh.copy()
+        if node.lock_ref > 0:
+            self.protected_size_ += len(fresh)
+        else:
+            self.evictable_size_ += len(fresh)
+        self.version += 1
+        if track:
+            self._track_duplicate(node)
+        self._update_leaf_status(node)
+        assert node.parent is not None
+        self._update_leaf_status(node.parent)
+
+    def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
+        """parent -> new[:split_len] -> child[split_len:], device and host slots alike."""
+        assert isinstance(child, HiTreeNode) and child.parent is not None
+        assert 0 < split_len < len(child.key)
+        new = HiTreeNode(now, priority=child.priority)
+        new.lock_ref = child.lock_ref
+        new.hit_count = child.hit_count
+        new.parent = child.parent
+        new.key = child.key[:split_len]
+        if child.value is not None:
+            new.value = child.value[:split_len].copy()
+            child.value = child.value[split_len:].copy()
+        else:
+            new.value = None
+        if child.host_value is not None:
+            new.host_value = child.host_value[:split_len].copy()
+            child.host_value = child.host_value[split_len:].copy()
+        new.write_ack = child.write_ack
+        if child.write_ack is not None:  # both fragments are acked together
+            self.ongoing_writes[child.write_ack][1].append(new)
+        child.key = child.key[split_len:]
+        child.parent = new
+        new.children = {child.key.child_key(self.page_size): child}
+        new.parent.children[new.key.child_key(self.page_size)] = new
+        self._track_duplicate(new)
+        self._update_leaf_status(new)  # a device node over a host-only child is a leaf
+        self._refresh(child)
+        return new
+
+    # ------------------------------------------------------------------ backup (D -> H)
+    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
+        """``_execute_and_commit_kv_backup``: back up ``node`` (write-through: its unbacked
+        ancestors first), stopping at the first copy the host cannot take. Write-through
+        copies lock their node until ``ack_writes``; a write-back copy acks at once. Returns
+        the tokens of the last copy made (0: the chain stopped)."""
+        chain = [node]
+        if not write_back:
+            up = node.parent
+            while up is not None and up is not self.root_node:
+                assert isinstance(up, HiTreeNode)
+                if up.backuped:
+                    break
+                chain.append(up)
+                up = up.parent
+            chain.reverse()
+        written = 0
+        for target in chain:
+            if target.backuped:
+                continue
+            assert target.value is not None
+            host = self._host_alloc(len(target.value))
+            if host is None:
+                return 0
+            target.host_value = host
+            self.on_transfer("store", target.value, host)
+            self.on_stored(len(host))
+            if write_back:
+                self._track_duplicate(target)
+            else:
+                self.inc_lock_ref(target)
+                ack = self._next_ack
+                self._next_ack += 1
+                target.write_ack = ack
+                self.ongoing_writes[ack] = (target, [target])
+            written = len(host)
+        return written
+
+    def ack_writes(self) -> int:
+        """Every write-through copy in flight completes (``writing_check``): unlock each
+        node. Returns the number of acks."""
+        acks = list(self.ongoing_writes.items())
+        self.ongoing_writes = {}
+        for ack, (lock_node, nodes) in acks:
+            for node in nodes:
+                if node.write_ack == ack:
+                    node.write_ack = None
+                    self._track_duplicate(node)
+            self.dec_lock_ref(lock_node)
+        return len(acks)
+
+    def ack_loads(self) -> int:
+        """``loading_check``: every load finished; unpin its anchor (both tiers)."""
+        loads, self.ongoing_loads = self.ongoing_loads, []
+        for anchor in loads:
+            self.dec_lock_ref(anchor)
+            anchor.host_lock_ref -= 1
+            self.finish_load(anchor)
+        return len(loads)
+
+    def _host_alloc(self, num_tokens: int) -> SlotArray | None:
+        avail = self.host_pool.available_size()
+        if avail < num_tokens:
+            needed = num_tokens - avail
+            if self.evict_host(needed) < needed:
+                return None
+        return self.host_pool.alloc(num_tokens)
+
+    # ------------------------------------------------------------------ device eviction
+    def _is_evictable_leaf(self, node: TreeNode) -> bool:
+        """0.5.23 ``_is_device_leaf``: on device, unlocked, no child on device."""
+        return (
+            not node.evicted
+            and node.lock_ref == 0
+            and node is not self.root_node
+            and all(c.evicted for c in node.children.values())
+        )
+
+    def evict(self, num_tokens: int) -> int:
+        """Free device slots of whole candidate nodes, policy order, until ``num_tokens``."""
+        evicted = 0
+        while evicted < num_tokens and self._leaves:
+            key, _, leaf = self._leaves[0]
+            assert isinstance(leaf, HiTreeNode) and leaf.value is not None
+            note_eviction(self.policy, key)
+            n = len(leaf.value)
+            if not leaf.backuped and self.is_write_back and self.write_backup(leaf, write_back=True) == 0:
+                self._drop_subtree(leaf)  # host full: dropped without a backup
+            elif leaf.backuped:
+                self._demote(leaf)
+            else:
+                self._drop_subtree(leaf)
+            evicted += n
+        return evicted
+
+    def _demote(self, node: HiTreeNode) -> None:
+        assert node.value is not None and node.backuped and node.lock_ref == 0
+        self.free_slots(node.value)
+        self.evictable_size_ -= len(node.value)
+        node.value = None
+        self.version += 1  # its duplicate entry goes stale, not away (0.5.23 sweeps lazily)
+        self._update_leaf_status(node)
+        assert node.parent is not None
+        self._update_leaf_status(node.parent)
+
+    def _drop_subtree(self, node: HiTreeNode) -> None:
+        """Delete an unbacked device leaf and its host-only subtree (its device slots go to
+        ``free_slots``, host slots back to the host pool)."""
+        assert node.value is not None and node.lock_ref == 0
+        stack: list[TreeNode] = list(node.children.values())
+        while stack:
+            sub = stack.pop()
+            assert isinstance(sub, HiTreeNode) and sub.evicted and sub.host_value is not None
+            stack.extend(sub.children.values())
+            self._free_host(sub)
+        node.children = {}
+        self.free_slots(node.value)
+        self._delete_leaf(node)
+
+    # ------------------------------------------------------------------ host eviction
+    def _is_host_leaf(self, node: HiTreeNode) -> bool:
+        return (
+            node is not self.root_node
+            and node.evicted
+            and node.backuped
+            and node.host_lock_ref == 0
+            and node.lock_ref == 0
+            and not node.children
+        )
+
+    def evict_host(self, num_tokens: int) -> int:
+        """``drive_host_eviction``: free host slots of at least ``num_tokens`` if possible;
+        returns the host tokens freed."""
+        freed = 0
+        if self.is_write_back:
+            freed = self._reclaim_full_host_duplicates(num_tokens)
+        order = [(self.policy.priority(n), n.id, n) for n in self._host_nodes() if self._is_host_leaf(n)]
+        heapq.heapify(order)
+        while freed < num_tokens and order:
+            _, _, node = heapq.heappop(order)
+            if not self._is_host_leaf(node):
+                continue
+            assert node.host_value is not None and node.parent is not None
+            freed += len(node.host_value)
+            parent = node.parent
+            self._free_host(node)
+            self.full_host_duplicates.pop(node.id, None)
+            parent.children.pop(node.key.child_key(self.page_size))
+            self.version += 1
+            self._update_leaf_status(parent)
+            if isinstance(parent, HiTreeNode) and self._is_host_leaf(parent):
+                heapq.heappush(order, (self.policy.priority(parent), parent.id, parent))
+        return freed
+
+    def _reclaim_full_host_duplicates(self, num_tokens: int) -> int:
+        """write_back: drop host copies of device-resident nodes first, sparing device
+        eviction candidates in a first pass (their eviction would keep the copy)."""
+        freed = 0
+        swept: list[int] = []
+        for spare_candidates in (True, False):
+            for nid, node in self.full_host_duplicates.items():
+                if freed >= num_tokens:
+                    break
+                if node.value is None or node.host_value is None:
+                    swept.append(nid)  # stale: demoted or reclaimed since it was registered
+                    continue
+                if spare_candidates and node.id in self._leaf_entry:
+                    continue
+                if not self._is_settled_duplicate(node) or node.host_lock_ref:
+                    continue
+                freed += len(node.host_value)
+                self._free_host(node)
+                swept.append(nid)
+        for nid in swept:
+            self.full_host_duplicates.pop(nid, None)
+        return freed
+
+    def _free_host(self, node: HiTreeNode) -> None:
+        assert node.host_value is not None
+        self.host_pool.free(node.host_value)
+        self.on_host_evicted(len(node.host_value))
+        node.host_value = None
+
+    def _is_settled_duplicate(self, node: HiTreeNode) -> bool:
+        return (
+            node.value is not None
+            and node.host_value is not None
+            and node.write_ack is None
+            and not node.load_pending
+        )
+
+    def _track_duplicate(self, node: HiTreeNode) -> None:
+        if self._is_settled_duplicate(node):
+            self.full_host_duplicates.setdefault(node.id, node)
+        else:
+            self.full_host_duplicates.pop(node.id, None)
+
+    def _host_nodes(self) -> list[HiTreeNode]:
+        return [n for n in self.iter_nodes() if isinstance(n, HiTreeNode) and n.backuped]
+
+    # ------------------------------------------------------------------ load back (H -> D)
+    def evicted_path(self, best_node: HiTreeNode) -> list[HiTreeNode]:
+        """The host-only nodes ending at ``best_node``, top-down (what load_back loads)."""
+        path: list[HiTreeNode] = []
+        node: TreeNode | None = best_node
+        while node is not None and node is not self.root_node and node.evicted:
+            assert isinstance(node, HiTreeNode)
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
+
+    def revive(self, node: HiTreeNode, slots: SlotArray) -> None:
+        """``commit_load_back``: a host-only node gets device slots; its copy stays, and
+        becomes a reclaimable duplicate only at the load's ack (``finish_load``)."""
+        assert node.evicted and node.host_value is not None and len(slots) == len(node.host_value)
+        self.on_transfer("load", slots, node.host_value)
+        node.load_pending = self.is_write_back
+        self._unevict(node, slots, track=False)
+
+    def finish_load(self, anchor: HiTreeNode) -> None:
+        """``finish_load_back``: along the anchor's root path, clear write_back's load pins
+        and register the host copies now duplicated on device."""
+        node: TreeNode | None = anchor
+        while node is not None and node is not self.root_node:
+            assert isinstance(node, HiTreeNode)
+            if self.is_write_back:
+                if not node.load_pending:
+                    node = node.parent
+                    continue
+                node.load_pending = False
+            self._track_duplicate(node)
+            node = node.parent
+
+    # ------------------------------------------------------------------ inspection
+    def total_size(self) -> int:
+        return sum(len(n.value) for n in self.iter_nodes() if n.value is not None)
+
+    def host_size(self) -> int:
+        return sum(len(n.host_value) for n in self._host_nodes() if n.host_value is not None)
+
+    def check(self) -> None:
+        evictable = protected = 0
+        expected: set[int] = set()
+        for node in self.iter_nodes():
+            assert isinstance(node, HiTreeNode)
+            parent = node.parent
+            assert parent is not None, f"{node} detached"
+            assert node.value is not None or node.host_value is not None, f"{node}: deleted but linked"
+            for slots in (node.value, node.host_value):
+                assert slots is None or len(slots) == len(node.key) > 0, f"{node}: slots != key length"
+            assert len(node.key) % self.page_size == 0, f"{node}: key not whole pages"
+            assert parent.children.get(node.key.child_key(self.page_size)) is node, f"{node} misfiled"
+            assert node.lock_ref >= 0 and node.host_lock_ref >= 0, f"{node}: negative lock"
+            if node.value is not None:
+                assert parent is self.root_node or parent.value is not None, f"{node}: on device, parent not"
+                if node.lock_ref > 0:
+                    protected += len(node.value)
+                    assert parent is self.root_node or parent.lock_ref > 0, f"{node} locked, parent not"
+                else:
+                    evictable += len(node.value)
+            else:
+                assert node.lock_ref == 0, f"{node}: host-only and locked"
+                assert node.write_ack is None, f"{node}: host-only with a write in flight"
+            if node.write_ack is not None:
+                assert node.write_ack in self.ongoing_writes, f"{node}: unknown ack {node.write_ack}"
+                assert node.lock_ref > 0, f"{node}: write in flight without its lock"
+            if self._is_evictable_leaf(node):
+                expected.add(node.id)
+        assert (evictable, protected) == (self.evictable_size_, self.protected_size_), (
+            f"sizes drifted: counted {evictable}/{protected}, "
+            f"kept {self.evictable_size_}/{self.protected_size_}"
+        )
+        assert set(self._leaf_entry) == expected, "device-leaf index != evictable device nodes"
+        assert self.root_node.lock_ref == 1

@@ -1,0 +1,81 @@
+"""Mutants of the radix backend's HiCache host tier (same shape as tests/mutants.py): each breaks
+one 0.5.23 rule; the suites in SUITES must fail under it (checked by hand, in a copy of the repo)."""
+
+from __future__ import annotations
+
+SUITES = [
+    "tests/test_radix_hicache.py",
+    "tests/test_radix_hicache_upstream.py",
+    "tests/test_stateful_hicache.py",
+]
+
+# name -> (file, original text, mutated text); the original text occurs exactly once
+MUTANTS: dict[str, tuple[str, str, str]] = {
+    "hicache: host eviction takes a node still on device": (
+        "backends/radix/hicache_tree.py",
+        "            and node.evicted\n            and node.backuped\n",
+        "            and node.backuped\n",
+    ),
+    "hicache: load_back threshold off by one (a tail of exactly 10 is recomputed)": (
+        "backends/radix/hicache_backend.py",
+        "loads = host if host >= max(1, self.load_back_threshold) else 0",
+        "loads = host if host > max(1, self.load_back_threshold) else 0",
+    ),
+    "hicache: selective counts every insert (not once per request)": (
+        "backends/radix/hicache_tree.py",
+        "            if pos > hit_from and self._inc_hit_count_and_check(child):",
+        "            if self._inc_hit_count_and_check(child):",
+    ),
+    "hicache: a backed-up node is deleted at device eviction instead of kept host-only": (
+        "backends/radix/hicache_tree.py",
+        "            elif leaf.backuped:\n                self._demote(leaf)",
+        "            elif False:\n                self._demote(leaf)",
+    ),
+    "hicache: the write-through lock is not held until the ack": (
+        "backends/radix/hicache_tree.py",
+        "                self.inc_lock_ref(target)\n                ack = self._next_ack",
+        "                ack = self._next_ack",
+    ),
+    "hicache: write_back does not reclaim device-resident host copies first": (
+        "backends/radix/hicache_tree.py",
+        "        if self.is_write_back:\n            freed = self._reclaim_full_host_duplicates(num_tokens)",
+        "        if False:\n            freed = self._reclaim_full_host_duplicates(num_tokens)",
+    ),
+    "hicache: an insert through a host-only node frees the request's pages it adopted": (
+        "backends/radix/hicache_backend.py",
+        "        duplicates = mine[mine != tree_pages[span]]",
+        "        duplicates = mine",
+    ),
+    "hicache: the load skips device eviction and takes only free pages": (
+        "backends/radix/hicache_backend.py",
+        "        if load_pages + need > self.pool.num_free + tree.evictable_size() // p:",
+        "        if load_pages + need > self.pool.num_free:",
+    ),
+    "hicache: selective threshold 1 (write_through's)": (
+        "backends/radix/hicache_tree.py",
+        'self.write_through_threshold = 1 if write_policy == "write_through" else 2',
+        "self.write_through_threshold = 1",
+    ),
+    "hicache: write_back counts hits (and so backs up at insert)": (
+        "backends/radix/hicache_tree.py",
+        "        if node.evicted or self.is_write_back:\n            return False",
+        "        if node.evicted:\n            return False",
+    ),
+    "hicache: a load's lock ends at admission, not at the next step's ack": (
+        "backends/radix/hicache_backend.py",
+        "            tree.inc_lock_ref(m.best_node)  # the load's (ongoing_load_back), with the host pin\n"
+        "            tree.ongoing_loads.append(m.best_node)\n",
+        "            m.best_node.host_lock_ref -= 1\n",
+    ),
+    "hicache: a match stops at the first host-only node": (
+        "backends/radix/hicache_tree.py",
+        "            if child.evicted:\n                assert child.host_value is not None",
+        "            if child.evicted:\n                break\n"
+        "                assert child.host_value is not None",
+    ),
+    "hicache: host pool sized without the padding page": (
+        "backends/radix/hicache_pool.py",
+        "    tokens = (size // page_size + 1) * page_size",
+        "    tokens = size // page_size * page_size",
+    ),
+}
