@@ -155,6 +155,9 @@ MUTANT_MODULES = [
     "tests.mutants_hybrid_hashchain",
     "tests.mutants_hybrid_radix",
     "tests.mutants_mamba_radix",
+    "tests.mutants_kv_events",
+    "tests.mutants_hicache",
+    "tests.mutants_offload_hashchain",
 ]
 
 

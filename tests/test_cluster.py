@@ -163,8 +163,8 @@ def test_kv_events_reach_the_router_late_by_the_lag_and_lost_batches_leave_seque
             return super().route(req, replicas, now)
 
     router = Recorder(2)
-    c = Cluster([Ticking(CacheConfig(4096, 1)) for _ in range(2)], router, kv_events=True, event_lag_s=0.5,
-                event_loss=0.3)
+    c = Cluster([Ticking(CacheConfig(4096, 1), kv_events=True) for _ in range(2)], router, kv_events=True,
+                event_lag_s=0.5, event_loss=0.3)
     c.run(requests("shared-doc-qa", spacing_s=0.2))
     assert router.seen and c.events_lost > 0
     for k in range(2):
@@ -173,5 +173,12 @@ def test_kv_events_reach_the_router_late_by_the_lag_and_lost_batches_leave_seque
     delivered = len(router.seen)
     sent = sum(c._event_seq)
     assert delivered + c.events_lost + len(c._in_flight) == sent
+    in_flight = len(c._in_flight)
+    c.flush_events()  # what was still on its way arrives, in order, however late
+    assert not c._in_flight and len(router.seen) == delivered + in_flight
     with pytest.raises(ValueError, match="event_loss"):
-        Cluster([Ticking(CacheConfig(4096, 1))], RoundRobin(1), kv_events=True, event_loss=1.0)
+        Cluster([Ticking(CacheConfig(4096, 1), kv_events=True)], RoundRobin(1), kv_events=True, event_loss=1.0)
+    # a cache made without events would publish nothing: refused, naming the replica
+    with pytest.raises(ValueError, match=r"replicas \[1\] were made without kv_events=True"):
+        Cluster([Ticking(CacheConfig(4096, 1), kv_events=True), RadixPrefixCache(CacheConfig(4096, 1))],
+                RoundRobin(2), kv_events=True)

@@ -1,12 +1,23 @@
-"""Record vLLM 0.33's own msgpack encoding of KV event batches (the fixture that
-tests/test_kv_events.py holds our schema to). Run with the upstream venv:
+"""Record vLLM 0.33's own KV events. Run with the upstream venv:
 
-    .venv-upstream/bin/python -m prefixcache.experiments.upstream.vllm_kv_events_driver
+    .venv-upstream/bin/python -m prefixcache.experiments.upstream.vllm_kv_events_driver [--streams]
+
+Without arguments: vLLM's msgpack encoding of a few hand-built batches (the fixture that
+tests/test_kv_events.py holds our schema to). ``--streams``: the event stream of each scenario
+of ``kv_event_cases.vllm_event_scenarios`` from vLLM's own KVCacheManager with
+``enable_kv_cache_events`` on, driven as its scheduler drives it (vllm_driver.py; hybrid
+layouts built as vllm_hybrid_driver.py builds them), drained with ``take_events`` after every
+op as the engine drains it after every step: per op the events as JSON and the msgpack bytes
+of the batch ``KVEventBatch(ts=0.0, events)``. PYTHONHASHSEED is fixed (recorded in the
+fixture) so that NONE_HASH, and with it every block hash, is reproducible; tests set it too.
+Written to tests/fixtures/upstream/events/vllm_streams/ (tests/test_kv_events_backends.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +102,114 @@ def build(case: dict[str, Any]) -> KVEventBatch:
     return build_batch(case, KINDS, KVEventBatch)  # type: ignore[no-any-return]
 
 
+STREAMS = FIXTURES / "events" / "vllm_streams"
+HASH_SEED = "0"
+
+
+def replay_events(scenario: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per op: {"events": [...], "payload": hex} (and "ok" / "hit" for allocs)."""
+    from prefixcache.experiments.upstream.kv_event_cases import event_json
+    from prefixcache.experiments.upstream.vllm_hybrid_driver import build
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    os.environ["PYTHONHASHSEED"] = HASH_SEED
+    init_none_hash(sha256)
+    if "layout" not in scenario:  # a dense scenario of scenarios.py: one full-attention group
+        B = scenario["page_size"]
+        scenario = {
+            **scenario,
+            "block_size": B,
+            "retention": None,
+            "groups": [["full"]],
+            "num_blocks": scenario["capacity_tokens"] // B,
+        }
+    m, header = build(scenario)
+    m.block_pool.enable_kv_cache_events = m.enable_kv_cache_events = True  # as if passed to __init__
+    B = header.get("block_size", scenario["block_size"])
+    hasher = get_request_block_hasher(B, sha256)
+    enc = msgspec.msgpack.Encoder()
+    reqs: dict[str, Request] = {}
+    live: dict[str, int] = {}  # rid -> tokens allocated
+    records: list[dict[str, Any]] = []
+    for op in scenario["ops"]:
+        kind, rid = op["op"], op.get("rid")
+        rec: dict[str, Any] = {}
+        m.new_step_starts()  # one op, one scheduler step (Mamba defers hits cached this step)
+        if kind == "new":
+            reqs[rid] = Request(
+                rid,
+                list(op["prompt"]),
+                SamplingParams(max_tokens=1 << 12),
+                None,
+                cache_salt=op.get("salt"),
+                block_hasher=hasher,
+            )
+        elif kind == "lookup":
+            m.get_computed_blocks(reqs[rid])
+        elif kind == "alloc":
+            req = reqs[rid]
+            if rid not in live:
+                blocks, hit, junction = m.get_computed_blocks(req)
+                req.shared_prefix_boundary = junction  # what the scheduler does with it
+                n = req.num_tokens - hit if op.get("n") is None else min(op["n"], req.num_tokens - hit)
+                new = m.allocate_slots(req, n, hit, blocks)
+                rec["hit"] = hit if new is not None else None
+                if new is not None:
+                    req.num_computed_tokens = hit
+                    live[rid] = hit + n
+            else:
+                left = req.num_tokens - req.num_computed_tokens
+                n = left if op.get("n") is None else min(op["n"], left)
+                new = m.allocate_slots(req, n) if n > 0 else None
+                if new is not None:
+                    live[rid] = max(live[rid], req.num_computed_tokens + n)
+                rec["skipped"] = n == 0
+            rec["ok"] = new is not None
+        elif kind == "run":
+            if rid in live:
+                reqs[rid].num_computed_tokens = live[rid]
+        elif kind == "append":
+            reqs[rid].append_output_token_ids(list(op["tokens"]))
+        elif kind == "release":
+            if rid in live:
+                m.free(reqs[rid])
+                del live[rid]
+        elif kind == "reset":
+            rec["ok"] = m.reset_prefix_cache()
+        else:
+            raise ValueError(f"no op {kind!r} in the event replay")
+        events = m.take_events()
+        rec["events"] = [event_json(e) for e in events]
+        rec["payload"] = enc.encode(KVEventBatch(ts=0.0, events=events)).hex()
+        records.append(rec)
+    return records
+
+
+def record_streams() -> int:
+    from prefixcache.experiments.upstream.kv_event_cases import vllm_event_scenarios
+
+    STREAMS.mkdir(parents=True, exist_ok=True)
+    for scenario in vllm_event_scenarios():
+        records = replay_events(scenario)
+        fixture = {
+            "system": "vllm",
+            "upstream": "vllm 0.33.0",
+            "pythonhashseed": HASH_SEED,
+            "scenario": scenario,
+            "records": records,
+        }
+        path = STREAMS / f"vllm_events_{scenario['name']}.json"
+        path.write_text(json.dumps(fixture, indent=None, separators=(",", ":")) + "\n")
+        print(f"{scenario['name']}: {sum(len(r['events']) for r in records)} events -> {path}")
+    return 0
+
+
 def main() -> int:
+    if "--streams" in sys.argv[1:]:
+        return record_streams()
     enc = msgspec.msgpack.Encoder()
     out = [dict(case, payload=enc.encode(build(case)).hex()) for case in CASES]
     FIXTURE.write_text(json.dumps({"vllm": "0.33.0", "cases": out}, indent=1) + "\n")

@@ -79,6 +79,11 @@ class Cluster:
             )
         if len({id(c) for c in caches}) != len(caches):
             raise ValueError("each replica needs its own cache object")
+        if kv_events:
+            mute = [i for i, c in enumerate(caches) if not getattr(c, "kv_events", False)]
+            if mute:
+                raise ValueError(f"kv_events=True but the caches of replicas {mute} were made without "
+                                 "kv_events=True: they would publish nothing")
         if event_lag_s < 0 or not 0 <= event_loss < 1:
             raise ValueError(f"need event_lag_s >= 0, 0 <= event_loss < 1: {event_lag_s}, {event_loss}")
         cm = cost_model if cost_model is not None else CostModel.measured()
@@ -206,6 +211,11 @@ class Cluster:
             return
         heapq.heappush(self._in_flight, (now + self.event_lag_s, self._sent, replica.index, seq, events))
         self._sent += 1
+
+    def flush_events(self) -> None:
+        """Deliver every batch still in flight, whatever its lag (after ``run``: the router's
+        view once the network has caught up)."""
+        self._deliver_events(math.inf)
 
     def _deliver_events(self, now: float) -> None:
         while self._in_flight and self._in_flight[0][0] <= now:

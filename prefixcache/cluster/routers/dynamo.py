@@ -1,9 +1,11 @@
 """NVIDIA Dynamo's KV router (``lib/kv-router/src/scheduling/selector.rs``).
 
 State: which blocks each worker holds, by chained block hash: with ``use_kv_events=True``
-(Dynamo's default) an exact index fed by the workers' KV events (``event_index.BlockIndex``);
-otherwise (``--no-kv-events``, our default until every backend emits events) the router's own
-record of the blocks of each routed request, each expiring ``ttl_s`` after it was routed.
+(Dynamo's default) an exact index fed by the workers' KV events (``event_index.BlockIndex``:
+the cluster must be made with ``kv_events=True`` and caches that emit them); otherwise
+(``--no-kv-events``, our default, so that a router made with no options needs no event
+delivery) the router's own record of the blocks of each routed request, each expiring
+``ttl_s`` after it was routed.
 Overlap = consecutive held blocks from block 0. Costs (lower wins), B = block size, ISL = the prompt's tokens:
 
 - ``"classic"`` (v0.x): ``w * (active_prefill + ISL - overlap * B) / B + decode_blocks``;
