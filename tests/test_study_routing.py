@@ -1,0 +1,57 @@
+"""The routing study's cells: the arrival rescale gives the load asked for, a rerun reads the
+stored cell back, and cells run as Ray tasks give joblib's results in every column but the
+measured wall time (issue 17: cluster studies run their cells as a sweep does)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from prefixcache.experiments.figures import study_routing as sr
+
+from prefixcache import CostModel
+
+
+def cells() -> list[dict]:
+    return [sr.cluster_config(source="mooncake-conversation", design=d, router=r, replicas=2,
+                              capacity=1 << 16, limit=30) for d, r in (("hashchain", "round-robin"),
+                                                                        ("radix", "oracle"))]
+
+
+def test_the_rescaled_arrivals_offer_the_load_asked_for() -> None:
+    c = cells()[0]
+    reqs = sr.rescaled_requests(c)
+    cm = CostModel(**c["cost_model"])
+    work = sum(cm.prefill_token_s * r.num_prompt_tokens + cm.decode_token_s * r.max_new_tokens for r in reqs)
+    span = reqs[-1].arrival_time - reqs[0].arrival_time
+    assert reqs[0].arrival_time == 0.0
+    assert work / (span * c["replicas"]) == pytest.approx(sr.LOAD)
+    assert [r.arrival_time for r in reqs] == sorted(r.arrival_time for r in reqs)
+
+
+def test_every_scale_has_one_lag_zero_cell_per_exact_router_and_no_duplicate() -> None:
+    for scale in sr.SCALE:
+        clusters, pooled = sr.configs(scale)
+        names = [json.dumps(c, sort_keys=True) for c in clusters + pooled]
+        assert len(set(names)) == len(names), scale
+        lags = [c for c in clusters if c["part"] == "lag"]
+        assert all(c["kv_events"] and c["event_lag_s"] > 0 for c in lags)
+
+
+def _table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows).drop(columns=["wall_s"]).sort_values("cell").reset_index(drop=True)
+
+
+def test_cells_on_a_local_ray_match_joblib_and_are_read_back(tmp_path) -> None:
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
+    todo = cells()
+    joblib_rows = list(sr._cells(todo, tmp_path / "joblib", False, 2, "joblib", None))
+    try:
+        ray_rows = list(sr._cells(todo, tmp_path / "ray", False, 2, "ray", None))
+    except Exception as e:  # only a machine where Ray cannot start at all may skip
+        pytest.skip(f"a local Ray could not start here: {type(e).__name__}: {e}")
+    assert not ray.is_initialized()
+    pd.testing.assert_frame_equal(_table(ray_rows), _table(joblib_rows))
+    again = list(sr._cells(todo, tmp_path / "joblib", False, 1, "joblib", None))
+    assert again == joblib_rows  # stored cells come back as they were written (wall time included)
