@@ -31,7 +31,7 @@ EAGLE paths. The worker never fails a transfer. Stores copy at submission, so vL
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,11 +111,16 @@ class OffloadingConnectorScheduler:
         return [hashes[i] + suffix for i in range(hpc - 1, len(hashes), hpc)]
 
     def _update_keys(self, status: RequestOffloadState) -> None:
-        keys = self._keys(status.req)
-        tpc = self.spec.tokens_per_chunk
-        for j in range(len(status.offload_keys), len(keys)):
-            status.ctx.key_positions[keys[j]] = (j + 1) * tpc
-        status.offload_keys = keys
+        """Append the keys of chunks completed since the last call (a request's hashes only
+        grow, so the earlier keys stand: rebuilding them every step cost O(prompt) a step)."""
+        hashes = self.hasher.request_hashes(status.req).hashes
+        hpc, tpc = self.spec.hashes_per_chunk, self.spec.tokens_per_chunk
+        suffix = group_id_suffix(GROUP_ID)
+        keys = status.offload_keys
+        for j in range(len(keys), len(hashes) // hpc):
+            key = hashes[(j + 1) * hpc - 1] + suffix
+            keys.append(key)
+            status.ctx.key_positions[key] = (j + 1) * tpc
 
     # ---------------------------------------------------------------- lookup (pure)
     def lookup(self, req: Request, num_local_tokens: int) -> int | None:
@@ -179,9 +184,15 @@ class OffloadingConnectorScheduler:
         if self.worker is not None:
             self.worker(job)
 
-    def on_commit(self, req: Request, block_ids: list[int]) -> None:
+    def on_commit(self, req: Request, blocks: Sequence[Any]) -> None:
+        """``blocks``: the request's KV blocks (full attention), which only grow while it is
+        live: the ids are appended, not copied anew each step."""
         status = self._req_status[req.request_id]
-        status.block_ids = list(block_ids)
+        ids = status.block_ids
+        if len(ids) > len(blocks) or (ids and ids[-1] != blocks[len(ids) - 1].block_id):
+            ids[:] = [b.block_id for b in blocks]  # not a continuation (cannot happen while live)
+        else:
+            ids.extend(b.block_id for b in blocks[len(ids):])
         self._scheduled[req.request_id] = req.num_computed_tokens
 
     def on_release(self, req: Request) -> None:

@@ -95,7 +95,7 @@ class HostTier:
 
     def on_commit(self, req: Request) -> None:
         self.manager.cache_blocks(req, req.num_computed_tokens)  # no-op unless its load was not acked
-        self.connector.on_commit(req, self._block_ids(req))
+        self.connector.on_commit(req, self.manager.get_blocks(req.request_id)[0])
 
     def on_release(self, req: Request) -> None:
         self.connector.on_release(req)
