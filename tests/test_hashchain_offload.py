@@ -356,3 +356,34 @@ def test_a_match_taken_before_the_host_changed_is_revalidated() -> None:
     cache.advance_transfers()  # acknowledged: only the host changed
     assert cache.allocate(b, 2, m)  # revalidated, not refused as pending
     assert cache.loaded_tokens(b) == 48
+
+
+def test_scenario_10_lmcache_chunk_arithmetic() -> None:
+    """REFERENCE-tiers.md scenario 10 (LMCache, chunk 256, save_unfull_chunk False): a
+    1000-token prompt stores 768; the same prompt with a 512-token GPU hit loads 256; a
+    1024-token prompt stored whole, GPU 0, loads 1023. LMCache itself is not modelled (its keys,
+    its CPU LRU and CacheBlend): what carries over is the arithmetic, which vLLM 0.33's
+    OffloadingConnector with 256-token chunks (block_size=256 over 16-token GPU blocks) shares
+    with LMCache's vLLM adapter: whole chunks only, hit minus what the GPU computed, one token
+    recomputed on a full-prompt hit."""
+    cache = _tier_cache(host_chunks=16 * 10, device_blocks=128, block_size=256)
+    prompt = list(range(1, 1001))
+    _run(cache, "a", prompt)
+    _steps(cache)
+    assert cache.stats.stored_tokens == 768  # three whole chunks; the 232-token tail never
+    cache.evict(10**6)
+    _run(cache, "c", prompt[:513])  # the GPU now holds the first 512 tokens again
+    _steps(cache)
+    b = Request("b", prompt)
+    m = cache.lookup(b)
+    assert (m.tokens, m.host_tokens) == (512, 256)  # chunk 2 loaded; chunk 3 was never stored
+    assert cache.allocate(b, 1000 - 768, m) and cache.loaded_tokens(b) == 256
+    b.num_computed_tokens = 1000
+    cache.commit(b)
+    cache.release(b)
+    full = list(range(5000, 6024))
+    _run(cache, "d", full)
+    _steps(cache)
+    cache.evict(10**6)
+    m = cache.lookup(Request("e", full))
+    assert (m.tokens, m.host_tokens, m.external_tokens) == (0, 1023, 1024)

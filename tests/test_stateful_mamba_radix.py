@@ -50,12 +50,12 @@ HITS: dict[str, int] = {}  # admissions with a state hit > 0, per machine
 TOMBSTONED: dict[str, int] = {}  # states evicted from internal nodes, per machine
 
 
-def _settings() -> settings:
+def _settings(runs: int = 25) -> settings:
     if os.environ.get("HYPOTHESIS_PROFILE") == "thorough":
         # 2 machines x 800 runs of up to 100 steps: over 10^5 steps (issue 15), runs end early
         return settings(max_examples=800, stateful_step_count=100)
     # Derandomized: the not-vacuous counters below are then the same in every run.
-    return settings(max_examples=25, stateful_step_count=40, derandomize=True)
+    return settings(max_examples=runs, stateful_step_count=40, derandomize=True)
 
 
 def content(req: Request, n: int) -> tuple:
@@ -261,9 +261,10 @@ class MarconiLifecycle(MambaLifecycle):
 
 TestMambaRadix = MambaLifecycle.TestCase
 TestMarconiRadix = MarconiLifecycle.TestCase
-for _case in (TestMambaRadix, TestMarconiRadix):
-    _case.settings = _settings()
-del _case
+TestMambaRadix.settings = _settings()
+# Marconi checkpoints only at junctions: hits are rarer (2 in 25 runs, and once 0 in a loaded
+# full-suite run), so its machine takes more runs for its not-vacuous check to stand on.
+TestMarconiRadix.settings = _settings(runs=80)
 
 
 def test_the_machines_hit_states() -> None:
