@@ -44,7 +44,16 @@ DEFAULTS: dict[str, Any] = {
     "token_budget": 2048,
     "seed": 0,
     "params": {},
+    "options": {},  # the backend's own keywords (make_cache), e.g. {"use_eagle": true}
+    "host_tier": None,  # HostTierConfig fields (prefixcache.tiers) or None: no host tier
 }
+# --host-* flags of `run` -> HostTierConfig fields
+HOST_FLAGS = (("--host-tokens", "capacity_tokens", int, "host tier size in tokens"),
+              ("--host-ratio", "ratio", float, "host tier size as a multiple of the device pool"),
+              ("--host-eviction-policy", "eviction_policy", str, "hashchain: lru or arc"),
+              ("--host-write-policy", "write_policy", str,
+               "radix: write_through, write_through_selective or write_back"),
+              ("--host-block-size", "block_size", int, "hashchain: offloaded chunk in tokens"))
 
 
 INDEX_MEMORY_KEYS = ("index_bytes", "index_bytes_per_cached_token")
@@ -60,6 +69,10 @@ def run_name(cfg: dict[str, Any]) -> str:
         name += f"-first{cfg['limit']}"
     if cfg.get("params"):
         name += "-" + hashlib.sha1(json.dumps(cfg["params"], sort_keys=True).encode()).hexdigest()[:8]
+    if cfg.get("options"):
+        name += "-opt" + hashlib.sha1(json.dumps(cfg["options"], sort_keys=True).encode()).hexdigest()[:8]
+    if cfg.get("host_tier"):
+        name += "-host" + hashlib.sha1(json.dumps(cfg["host_tier"], sort_keys=True).encode()).hexdigest()[:8]
     return name
 
 
@@ -82,6 +95,8 @@ def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             valid = ", ".join(scheduler_names())
             raise ValueError(f"unknown scheduler {cfg['scheduler']!r}; valid: {valid}") from None
+    if cfg["host_tier"] is not None:
+        host_tier_of(cfg)  # bad fields or values: the tier's own ValueError, before any work
     limit = cfg["limit"]
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"--limit must be an int >= 1 (leave it out for every request), got {limit!r}")
@@ -94,6 +109,21 @@ def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
 
         make_workload(cfg["workload"], **cfg["params"])
     return cfg
+
+
+def host_tier_of(cfg: dict[str, Any]) -> Any:
+    """The config's HostTierConfig, or None."""
+    from prefixcache.tiers import HostTierConfig
+
+    tier = cfg["host_tier"]
+    if tier is None:
+        return None
+    if not isinstance(tier, dict):
+        raise ValueError(f"host_tier must be a table of HostTierConfig fields, got {tier!r}")
+    try:
+        return HostTierConfig(**tier)
+    except TypeError as e:  # an unknown field
+        raise ValueError(f"host_tier: {e}") from None
 
 
 def build_requests(cfg: dict[str, Any]) -> tuple[Any, int]:
@@ -153,7 +183,12 @@ def simulate(
         summarize,
     )
 
-    cache = make_cache(cfg["backend"], CacheConfig(cfg["capacity_tokens"], cfg["page_size"]))
+    tier = host_tier_of(cfg)
+    options = dict(cfg["options"]) | ({} if tier is None else {"host_tier": tier})
+    try:
+        cache = make_cache(cfg["backend"], CacheConfig(cfg["capacity_tokens"], cfg["page_size"]), **options)
+    except TypeError as e:  # an option the backend does not take
+        raise ValueError(f"{cfg['backend']}: {e}") from None
     requests, total = build_requests(cfg)
     requests, scheduler = offline_schedule(requests, cfg["scheduler"])
     engine = Engine(cache, scheduler, cfg["token_budget"], seed=cfg["seed"])
@@ -181,6 +216,11 @@ def simulate(
         simulated_s=engine.clock,
         cache_hit_rate=cache.stats.hit_rate,
     )
+    if tier is not None:
+        st = cache.stats
+        summary.update(host_hit_rate=st.host_hit_rate, loaded_tokens=st.loaded_tokens,
+                       stored_tokens=st.stored_tokens, host_evicted_tokens=st.host_evicted_tokens,
+                       load_wait_s=engine.load_wait_s, **cache.tier_metrics())
     summary.update(index_memory(cache) if index_memory_bytes else dict.fromkeys(INDEX_MEMORY_KEYS))
     if (
         isinstance(requests, list) and summary["prompt_tokens"] <= 200_000
@@ -205,10 +245,13 @@ def write_run(folder: Path, cfg: dict[str, Any], summary: dict[str, Any], df: pd
 
 # ------------------------------------------------------------------------------ commands
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = full_config(
-        {k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None and k != "params"}
-        | {"params": _parse_params(args.param)}
-    )
+    given = vars(args)
+    tier = {f: given[f"host_{f}"] for _, f, _, _ in HOST_FLAGS if given[f"host_{f}"] is not None}
+    nested = ("params", "options", "host_tier")
+    plain = {k: v for k, v in given.items() if k in DEFAULTS and v is not None and k not in nested}
+    nested_values = {"params": _parse_params(args.param), "options": _parse_params(args.option, "--option"),
+                     "host_tier": tier or None}
+    cfg = full_config(plain | nested_values)
     s = execute(cfg, Path(args.out), force=args.force, index_memory_bytes=args.index_memory)
     state = "skipped (finished earlier)" if s.get("skipped") else f"{s['wall_s']:.2f}s"
     print(f"{run_name(cfg)}: {summary_line(s)} [{state}]")
@@ -381,12 +424,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------ plumbing
-def _parse_params(items: Sequence[str] | None) -> dict[str, Any]:
+def _parse_params(items: Sequence[str] | None, flag: str = "--param") -> dict[str, Any]:
     params: dict[str, Any] = {}
     for item in items or ():
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"--param expects key=value, got {item!r}")
+            raise ValueError(f"{flag} expects key=value, got {item!r}")
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -421,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         r.add_argument(flag, dest=key, type=int, help=f"{what} (default: {DEFAULTS[key]})")
     r.add_argument("--param", action="append", help="workload parameter key=value (repeatable)")
+    r.add_argument("--option", action="append",
+                   help="backend option key=value (JSON value), e.g. use_eagle=true (repeatable)")
+    for flag, field, kind, what in HOST_FLAGS:
+        r.add_argument(flag, dest=f"host_{field}", type=kind, help=f"{what} (default: no host tier)")
     r.add_argument("--out", default="results", help="folder of run folders (default: results)")
     r.add_argument("--force", action="store_true", help="run again into a new folder")
     r.add_argument(

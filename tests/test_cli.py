@@ -293,3 +293,29 @@ def test_show_draws_both_structures_from_the_backends_state(tmp_path, capsys) ->
     assert main(["show", "--requests", "1 x", "--out", str(out)]) == 2
     assert main(["show", "--requests", "1", "--out", str(out)]) == 2
     assert "at least 2 tokens" in capsys.readouterr().err
+
+
+def test_backend_options_reach_the_cache_and_name_the_folder(tmp_path, capsys) -> None:
+    """--option key=value is handed to make_cache (here vLLM's use_eagle, which drops a block
+    of every hit: the hit rate falls); an option the backend does not take is a clear error."""
+    base = ["run", "--workload", "multi-turn-chat", "--backend", "hashchain", *TINY, "--out", str(tmp_path)]
+    assert main(base) == 0
+    assert main([*base, "--option", "use_eagle=true"]) == 0
+    plain, eagle = sorted(tmp_path.iterdir(), key=lambda p: len(p.name))
+    assert eagle.name.startswith(plain.name + "-opt")
+    config = json.loads((eagle / "config.json").read_text())
+    assert config["options"] == {"use_eagle": True}
+    rates = [json.loads((p / "summary.json").read_text())["token_hit_rate"] for p in (plain, eagle)]
+    assert rates[1] < rates[0]
+    capsys.readouterr()
+    assert main([*base, "--option", "no_such_option=1"]) == 2
+    assert "no_such_option" in capsys.readouterr().err
+
+
+def test_bad_host_tier_flags_are_errors_before_any_work(tmp_path, capsys) -> None:
+    base = ["run", "--workload", "multi-turn-chat", "--backend", "hashchain", *TINY, "--out", str(tmp_path)]
+    assert main([*base, "--host-tokens", "-5"]) == 2
+    assert "capacity_tokens must be positive" in capsys.readouterr().err
+    assert main([*base, "--host-eviction-policy", "fifo"]) == 2
+    assert "unknown host eviction_policy 'fifo'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -177,7 +177,8 @@ def test_kv_events_reach_the_router_late_by_the_lag_and_lost_batches_leave_seque
     c.flush_events()  # what was still on its way arrives, in order, however late
     assert not c._in_flight and len(router.seen) == delivered + in_flight
     with pytest.raises(ValueError, match="event_loss"):
-        Cluster([Ticking(CacheConfig(4096, 1), kv_events=True)], RoundRobin(1), kv_events=True, event_loss=1.0)
+        Cluster([Ticking(CacheConfig(4096, 1), kv_events=True)], RoundRobin(1), kv_events=True,
+                event_loss=1.0)
     # a cache made without events would publish nothing: refused, naming the replica
     with pytest.raises(ValueError, match=r"replicas \[1\] were made without kv_events=True"):
         Cluster([Ticking(CacheConfig(4096, 1), kv_events=True), RadixPrefixCache(CacheConfig(4096, 1))],

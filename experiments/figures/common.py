@@ -113,6 +113,20 @@ def cell_config(study: str, *, source: str, backend: str, page_size: int, capaci
     return config
 
 
+def trace_arrival_scale(
+    source: str, limit: int | None, cost: CostModel, load: float, engines: int = 1
+) -> float:
+    """The factor on a Mooncake trace's timestamps (counted from its first) that makes the
+    prefill and decode work of its first ``limit`` requests ``load`` of what ``engines``
+    engines serve with no cache (the routing and tier studies' one rescale of a trace)."""
+    from prefixcache.experiments.inputs.traces import read_mooncake
+
+    records = read_mooncake(MOONCAKE_TRACES[source])[:limit]
+    work = sum(cost.prefill_token_s * r.input_length + cost.decode_token_s * r.output_length for r in records)
+    span = records[-1].timestamp - records[0].timestamp
+    return work / (load * engines) / span if span > 0 else 1.0
+
+
 def make_requests(config: dict[str, Any]) -> list[Request]:
     """Fresh requests for a cell (requests are mutated by a run, so never shared)."""
     source = config["source"]
@@ -120,13 +134,22 @@ def make_requests(config: dict[str, Any]) -> list[Request]:
         from prefixcache.experiments.inputs.traces import read_mooncake, to_requests
 
         records = read_mooncake(MOONCAKE_TRACES[source])
-        return to_requests(records, limit=config["limit"], prefix=source)
+        reqs = to_requests(records, limit=config["limit"], prefix=source)
+        scale = config.get("arrival_scale")  # a study's rescale of the trace's clock to its load
+        if scale is not None:
+            for r in reqs:
+                r.arrival_time *= scale
+        return reqs
     reqs = make_workload(source, seed=config["seed"], **config["params"]).generate()
     return reqs[: config["limit"]] if config["limit"] else reqs
 
 
 def build_cache(config: dict[str, Any]) -> PrefixCache:
     options = dict(config["options"])
+    if isinstance(options.get("host_tier"), dict):  # JSON in the cell's config
+        from prefixcache.tiers import HostTierConfig
+
+        options["host_tier"] = HostTierConfig(**options["host_tier"])
     config_ = CacheConfig(config["capacity_tokens"], config["page_size"], layout=config.get("layout"))
     if config["backend"] == "radix" and not config_.is_hybrid:
         # A counter instead of wall time: the same run always breaks LRU ties the same way (the
@@ -274,12 +297,21 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
             prefill_tokens=engine.prefill_tokens, preemptions=int(df["preemptions"].sum()),
             peak_pages_in_use=engine.peak_pages_in_use,
         )
+        if cache.host_tier is not None:  # only tiered cells: the others keep their columns
+            st = cache.stats
+            summary.update(host_hits=st.host_hits, host_hit_rate=st.host_hit_rate,
+                           loaded_tokens=st.loaded_tokens, stored_tokens=st.stored_tokens,
+                           host_evicted_tokens=st.host_evicted_tokens, load_wait_s=engine.load_wait_s,
+                           **{f"tier_{k}": v for k, v in cache.tier_metrics().items()})
     stats = cache.stats
     ran = df[~df["rejected"]]
     # The cheap part of check_invariants (the full check costs seconds on a 1M-token pool and
     # is the property tests' job): every usable page is accounted for.
     if sum(cache.usage()) != cache.num_usable_pages():
         raise RuntimeError(f"{cell_name(config)}: page accounting broken after the run: {cache.usage()}")
+    host = cache.host_usage()
+    if host is not None and sum(host) != cache.num_host_pages():
+        raise RuntimeError(f"{cell_name(config)}: host page accounting broken after the run: {host}")
     summary.update(
         requests=int(len(df)), rejected=int(df["rejected"].sum()), queries=stats.queries,
         hits=stats.hits, hit_rate=stats.hit_rate, evicted_tokens=stats.evicted_tokens,

@@ -17,6 +17,7 @@ import pandas as pd
 from prefixcache.experiments.analysis.metrics import mean_ci95
 from prefixcache.experiments.figures.plotting import (
     PALETTE,
+    SOURCE_WORD,
     figure_main,
     fmt,
     load,
@@ -35,7 +36,6 @@ LAYOUT_WORD = {"dense": "Dense", "gemma3-like": "Gemma", "gpt-oss-like": "Gptoss
 LABEL_WORD = {"hashchain": "Hash", "hashchain-dense": "HashDense", "radix-p1": "RadixOne",
               "radix-p16": "RadixSixteen"}
 STATE_WORD = {16: "Sixteen", 64: "SixtyFour", 176: "OneSeventySix", 528: "FiveTwentyEight"}
-SOURCE_WORD = {"mooncake-conversation": "Conv", "mooncake-synthetic": "Syn"}
 
 
 def summarise(df: pd.DataFrame, metric: str, keys: list[str]) -> pd.DataFrame:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from prefixcache.experiments.figures.plotting import (
     PALETTE,
+    SOURCE_WORD,
     figure_main,
     fmt,
     load,
@@ -23,7 +24,6 @@ from prefixcache.experiments.figures.plotting import (
 )
 from prefixcache.experiments.figures.study_routing import ROUTERS, STUDY
 
-SOURCE_WORD = {"mooncake-conversation": "Conv", "mooncake-synthetic": "Syn"}
 DESIGN_WORD = {"hashchain": "Hash", "radix": "Radix"}
 # Macro spelling of each router label (LaTeX macro names are letters only).
 ROUTER_WORD = {
@@ -188,6 +188,7 @@ def make(results: Path, paper: Path) -> list[Path]:
             "predicted a hit, reused nothing), load imbalance (time-weighted max/mean active "
             "requests) and TTFT in simulated seconds.",
             "tab:routing",
+            fit_width=True,
         )
     )
     for label in ("dynamo-events", "llm-d-precise"):

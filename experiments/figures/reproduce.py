@@ -30,9 +30,11 @@ from prefixcache.experiments.figures import (
     fig_kernel,
     fig_ops,
     fig_policies,
+    fig_routing,
     fig_scheduling,
     fig_side_channel,
     fig_structures,
+    fig_tiers,
     fig_ttft,
     plotting,
     study_capacity,
@@ -40,8 +42,10 @@ from prefixcache.experiments.figures import (
     study_eviction,
     study_granularity,
     study_hybrid,
+    study_routing,
     study_scheduling,
     study_side_channel,
+    study_tiers,
     study_ttft,
     study_whole_traces,
     tab_cost_model,
@@ -52,10 +56,10 @@ from prefixcache.experiments.figures import (
 from prefixcache.experiments.figures.common import SCALES
 
 STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduling, study_eviction,
-           study_ttft, study_side_channel, study_divergence, study_hybrid]
+           study_ttft, study_side_channel, study_divergence, study_hybrid, study_routing, study_tiers]
 FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
            fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces, tab_cost_model,
-           fig_side_channel, fig_divergence, fig_hybrid]
+           fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_tiers]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 

@@ -52,6 +52,7 @@ from prefixcache.experiments.figures.common import (
     check_scale,
     run_cells,
     save_study,
+    trace_arrival_scale,
     write_table,
 )
 
@@ -207,14 +208,10 @@ def rescaled_requests(config: dict[str, Any]) -> list[Any]:
     prefill and decode work they bring is ``load`` of ``replicas`` engines' capacity."""
     from prefixcache.experiments.inputs.traces import read_mooncake, to_requests
 
-    reqs = to_requests(
-        read_mooncake(MOONCAKE_TRACES[config["source"]]), limit=config["limit"], prefix=config["source"]
-    )
-    cm = CostModel(**config["cost_model"])
-    work = sum(cm.prefill_token_s * r.num_prompt_tokens + cm.decode_token_s * r.max_new_tokens for r in reqs)
-    span = reqs[-1].arrival_time - reqs[0].arrival_time
-    target = work / (config["load"] * config["replicas"])
-    factor = target / span if span > 0 else 1.0
+    source, limit = config["source"], config["limit"]
+    reqs = to_requests(read_mooncake(MOONCAKE_TRACES[source]), limit=limit, prefix=source)
+    factor = trace_arrival_scale(source, limit, CostModel(**config["cost_model"]), config["load"],
+                                 config["replicas"])
     for r in reqs:
         r.arrival_time = (r.arrival_time - reqs[0].arrival_time) * factor
     return reqs
