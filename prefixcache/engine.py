@@ -143,7 +143,8 @@ class Engine:
             bar.update(self.num_finished)
             while self.has_unfinished():
                 before = self.num_finished
-                idle = idle + 1 if (self._decode_stretch() or self.step()) == 0 else 0
+                busy = (self._decode_stretch() or self.step()) > 0 or self.cache.transfers_in_flight()
+                idle = 0 if busy else idle + 1
                 if idle > 2:
                     raise RuntimeError(f"engine made no progress at step {self.step_count}: {self.waiting!r}")
                 bar.update(self.num_finished - before)
@@ -192,6 +193,8 @@ class Engine:
         if not scheduled:
             if self._loading:  # only loads in flight: wait for the first to land
                 self.clock = max(self.clock, min(self._loading.values()))
+            elif self.cache.transfers_in_flight():  # a scheduler pass that waits on the tier
+                self.clock += self.cost_model.step_overhead_s
             return 0
         self._execute(scheduled)
         if self.check_invariants:
@@ -333,7 +336,12 @@ class Engine:
 
     def _move_arrivals(self) -> None:
         self._read_arrivals()
-        self.waiting.extend(self.arrivals.pop_arrived(self.clock))
+        if self.cache.host_tier is None:
+            self.waiting.extend(self.arrivals.pop_arrived(self.clock))
+            return
+        for req in self.arrivals.pop_arrived(self.clock):
+            self.cache.enqueue(req)  # SGLang starts its L3 prefetch as a request is queued
+            self.waiting.append(req)
 
     def _timed(self, req: Request, op: Any, *args: Any) -> Any:
         """``op(*args)`` (``req`` when none), its wall time charged to ``req``'s record."""

@@ -355,6 +355,15 @@ class PrefixCache(ABC, Generic[S]):
         """Pages ``host_usage`` accounts for (0 without a tier)."""
         return 0
 
+    def enqueue(self, req: Request) -> None:
+        """``req`` joined the waiting queue (SGLang starts an L3 prefetch here). No-op by
+        default; changes nothing a lookup would see until a later ``advance_transfers``."""
+
+    def transfers_in_flight(self) -> bool:
+        """Whether a copy between tiers is still under way (a step with nothing to compute is
+        then waiting, not stuck). False by default."""
+        return False
+
     def advance_transfers(self) -> None:
         """An engine step has passed: stores started in earlier steps complete (and become
         visible to lookups, as each design acknowledges them). Called by the engine at the

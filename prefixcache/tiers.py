@@ -17,6 +17,8 @@ from prefixcache.config import check_positive_int
 
 HASHCHAIN_EVICTION_POLICIES = ("lru", "arc")  # vLLM kv_offload CPU managers
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")  # SGLang HiCache
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")  # hicache_storage_prefetch_policy
+STORAGE_FIELDS = ("prefetch_policy", "prefetch_threshold", "storage_pages_per_step", "step_time_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,15 @@ class HostTierConfig:
     store_threshold:     vLLM: store a chunk only once it was offered this many times (0 off).
     offload_prompt_only: vLLM 0.33 default True: decode blocks are not offloaded.
     load_back_threshold: SGLang: a host hit shorter than this many tokens is recomputed (10).
+    storage:             SGLang's L3 storage tier under the host pool (radix only; None/False
+                         off). The four fields below need it:
+    prefetch_policy:     ``hicache_storage_prefetch_policy``: "best_effort", "wait_complete" or
+                         "timeout" (0.5.23's default).
+    prefetch_threshold:  an L3 prefetch shorter than this many tokens is revoked (256).
+    storage_pages_per_step: L3 pages reaching the host per engine step (our clock is engine
+                         steps; default one ``STORAGE_BATCH_SIZE`` batch of 128 pages).
+    step_time_s:         the engine step time assumed to turn the "timeout" policy's seconds
+                         into steps (default 0.02 s).
     """
 
     capacity_tokens: int | None = None
@@ -44,6 +55,11 @@ class HostTierConfig:
     store_threshold: int | None = None
     offload_prompt_only: bool | None = None
     load_back_threshold: int | None = None
+    storage: bool | None = None
+    prefetch_policy: str | None = None
+    prefetch_threshold: int | None = None
+    storage_pages_per_step: int | None = None
+    step_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.capacity_tokens is not None:
@@ -66,6 +82,26 @@ class HostTierConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"host_tier.{name} must be an int >= 0, got {value!r}")
+        self._check_storage_fields()
+
+    def _check_storage_fields(self) -> None:
+        if self.storage is not None and not isinstance(self.storage, bool):
+            raise ValueError(f"host_tier.storage must be a bool, got {self.storage!r}")
+        if not self.storage:
+            given = [n for n in STORAGE_FIELDS if getattr(self, n) is not None]
+            if given:
+                raise ValueError(f"host_tier.{', '.join(given)} need(s) the L3 tier: set storage=True")
+        if self.prefetch_policy is not None and self.prefetch_policy not in PREFETCH_POLICIES:
+            valid = ", ".join(PREFETCH_POLICIES)
+            raise ValueError(f"unknown prefetch_policy {self.prefetch_policy!r}; valid: {valid}")
+        value = self.prefetch_threshold
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"host_tier.prefetch_threshold must be an int >= 0, got {value!r}")
+        if self.storage_pages_per_step is not None:
+            check_positive_int("host_tier.storage_pages_per_step", self.storage_pages_per_step)
+        step = self.step_time_s
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int | float) or not step > 0):
+            raise ValueError(f"host_tier.step_time_s must be a positive number, got {step!r}")
 
     def host_tokens(self, device_tokens: int, default_ratio: float) -> int:
         """Host slots for a device pool of ``device_tokens`` (before page alignment)."""

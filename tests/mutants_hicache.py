@@ -7,6 +7,7 @@ SUITES = [
     "tests/test_radix_hicache.py",
     "tests/test_radix_hicache_upstream.py",
     "tests/test_stateful_hicache.py",
+    "tests/test_radix_hicache_storage.py",
 ]
 
 # name -> (file, original text, mutated text); the original text occurs exactly once
@@ -77,5 +78,41 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "backends/radix/hicache_pool.py",
         "    tokens = (size // page_size + 1) * page_size",
         "    tokens = size // page_size * page_size",
+    ),
+    # L3 storage and prefetch (hicache_storage.py, SGLang 0.5.23 as read)
+    "hicache L3: prefetch threshold off by one (a hit of exactly 256 is revoked)": (
+        "backends/radix/hicache_storage.py",
+        "        if op.hit < self.threshold:",
+        "        if op.hit <= self.threshold:",
+    ),
+    "hicache L3: wait_complete admits before every page arrived": (
+        "backends/radix/hicache_storage.py",
+        '        if self.policy == "wait_complete":\n            return False',
+        '        if self.policy == "wait_complete":\n            return op.completed > 0',
+    ),
+    "hicache L3: best_effort waits instead of stopping at admission": (
+        "backends/radix/hicache_storage.py",
+        '        if self.policy == "best_effort":\n            return True',
+        '        if self.policy == "best_effort":\n            return False',
+    ),
+    "hicache L3: prefetch buffers are not counted in host_usage": (
+        "backends/radix/hicache_backend.py",
+        "            buffers = len(self.storage.buffer_pages())",
+        "            buffers = 0",
+    ),
+    "hicache L3: a prefetch starts from an unbacked anchor": (
+        "backends/radix/hicache_storage.py",
+        "        if anchor is not self.tree.root_node and not anchor.backuped:",
+        "        if False:",
+    ),
+    "hicache L3: no cap on prefetch tokens in flight": (
+        "backends/radix/hicache_storage.py",
+        "        if self.occupied >= self.capacity_limit:",
+        "        if False:",
+    ),
+    "hicache L3: storage writes do not pin the host copy until their ack": (
+        "backends/radix/hicache_storage.py",
+        "        node.host_lock_ref += 1\n        self.backups.append(node)",
+        "        self.backups.append(node)",
     ),
 }

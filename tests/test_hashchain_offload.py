@@ -387,3 +387,10 @@ def test_scenario_10_lmcache_chunk_arithmetic() -> None:
     cache.evict(10**6)
     m = cache.lookup(Request("e", full))
     assert (m.tokens, m.host_tokens, m.external_tokens) == (0, 1023, 1024)
+
+
+def test_the_radix_storage_tier_fields_are_refused_by_hashchain() -> None:
+    """vLLM's OffloadingConnector has no L3 prefetch of SGLang's kind: its fields are errors."""
+    cfg = CacheConfig(capacity_tokens=16 * 64, page_size=16)
+    with pytest.raises(ValueError, match="hashchain host tier has no storage"):
+        make_cache("hashchain", cfg, host_tier=HostTierConfig(storage=True))

@@ -14,6 +14,11 @@ In our hooks, as 0.5.23's scheduler drives ``UnifiedRadixCache`` with ``init_hic
 A load needs the whole tail's device pages and the extend's at once; if even evicting every
 unpinned device node cannot give both, ``allocate`` refuses and changes nothing (SGLang's
 budget check refuses such a request up front).
+
+With ``host_tier.storage`` the L3 tier (hicache_storage.py) adds: a write-through ack writes the
+node on to L3; a lookup of a request not live starts its prefetch (the enqueue; ``enqueue``
+starts it without the admission poll) and polls it (``Match.pending`` while the policy holds
+it); ``advance_transfers`` moves prefetched pages and storage acks along.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import cast
 import numpy as np
 from prefixcache.backends.radix.backend import RadixPrefixCache, TreeMatch, _Live, request_key
 from prefixcache.backends.radix.hicache_pool import HostPool, host_pool_tokens
+from prefixcache.backends.radix.hicache_storage import HiCacheStorage, storage_from_config
 from prefixcache.backends.radix.hicache_tree import HiRadixCache, HiTreeNode
 
 from prefixcache.config import CacheConfig
@@ -47,6 +53,7 @@ class HiTreeMatch(TreeMatch):
     best_node: HiTreeNode | None = None
     host_hit_length: int = 0
     host_tokens: int = 0  # type: ignore[assignment]
+    pending: bool = False  # type: ignore[assignment]  # L3: its prefetch holds admission
 
 
 class HiCacheRadixPrefixCache(RadixPrefixCache):
@@ -89,6 +96,8 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         self.cached_tokens_device = self.cached_tokens_host = 0
         self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
         self.tree = self._new_tree()
+        # The L3 tier (hicache_storage.py), off unless host_tier.storage.
+        self.storage: HiCacheStorage | None = storage_from_config(self.hitree, host_tier, self.host_size)
 
     def _new_tree(self) -> HiRadixCache:
         return HiRadixCache(
@@ -114,7 +123,13 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
 
     # ------------------------------------------------------------------ hooks
     def _match(self, req: Request) -> HiTreeMatch:
-        m = self.hitree.match_with_host(request_key(req)[: req.num_tokens - 1])
+        key = request_key(req)[: req.num_tokens - 1]
+        m = self.hitree.match_with_host(key)
+        pending = False
+        if self.storage is not None and not self.is_live(req):  # enqueue + admission poll
+            if self.storage.on_lookup(req, key, m.device.length + m.host_hit_length, m.best_node):
+                m = self.hitree.match_with_host(key)
+            pending = self.storage.is_pending(req)
         host = m.host_hit_length
         # load_back skips a tail under max(1, load_back_threshold) tokens: they are recomputed
         loads = host if host >= max(1, self.load_back_threshold) else 0
@@ -130,7 +145,22 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             m.best_node,
             host,
             loads,
+            pending,
         )
+
+    def transfers_in_flight(self) -> bool:
+        return self.storage is not None and self.storage.in_flight()
+
+    def enqueue(self, req: Request) -> None:
+        """The scheduler's enqueue (``_prefetch_kvcache``): start ``req``'s L3 prefetch without
+        an admission poll (``lookup`` of a request not yet enqueued does both). No-op without
+        the L3 tier or for a live request."""
+        self._check_request(req)
+        if self.storage is None or self.is_live(req):
+            return
+        key = request_key(req)[: req.num_tokens - 1]
+        m = self.hitree.match_with_host(key)
+        self.storage.on_lookup(req, key, m.device.length + m.host_hit_length, m.best_node, poll=False)
 
     def _revalidate(self, match: Match) -> HiTreeMatch:
         """The tree changed since: a device node may be host-only now, a host copy gone.
@@ -184,6 +214,8 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         """None while a copy is in flight: its ack (next step) changes the cache."""
         if self.hitree.ongoing_writes or self.hitree.ongoing_loads:
             return 0
+        if self.storage is not None and self.storage.in_flight():
+            return 0
         return super()._decode_steps_in_place(req, state)
 
     def _checkpoint(self, req: Request, live: _Live) -> None:
@@ -216,13 +248,19 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         self.hitree.host_pool = HostPool(self.host_size, self.page_size)
         self.tree.reset()
         self.cached_tokens_device = self.cached_tokens_host = 0
+        if self.storage is not None:
+            self.storage.reset()
 
     # ------------------------------------------------------------------ host tier
     def advance_transfers(self) -> None:
         """``check_hicache_events``: writes ack (``writing_check``), then loads
         (``loading_check``); every copy started before this step has finished."""
-        self.hitree.ack_writes()
+        if self.storage is not None:
+            self.storage.ack_backups()  # last step's L3 writes
+        self.hitree.ack_writes()  # with storage: each acked node goes on to L3
         self.hitree.ack_loads()
+        if self.storage is not None:
+            self.storage.advance()  # prefetch: pages arrive, then last step's hit queries drain
 
     def host_usage(self) -> PageUsage:
         """free: host pool; in use: copies in flight (a write-through not yet acked, a load's
@@ -231,7 +269,11 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         writing = (n for _, nodes in tree.ongoing_writes.values() for n in nodes if n.write_ack is not None)
         busy = {n.id: n for n in writing}
         busy.update((n.id, n) for n in tree.ongoing_loads)  # O(copies in flight), not O(tree)
-        in_use = sum(len(n.host_value) for n in busy.values() if n.host_value is not None) // p
+        buffers = 0
+        if self.storage is not None:  # L3: pinned anchors and writes, prefetch buffers
+            busy.update((n.id, n) for n in self.storage.busy_nodes())
+            buffers = len(self.storage.buffer_pages())
+        in_use = sum(len(n.host_value) for n in busy.values() if n.host_value is not None) // p + buffers
         free = tree.host_pool.num_free_pages
         return PageUsage(free, tree.host_pool.num_pages - free - in_use, in_use)
 
@@ -241,10 +283,14 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
     def tier_metrics(self) -> dict[str, int]:
         """SGLang's ``sglang:cached_tokens`` by ``cache_source`` (device / host), summed over
         admissions."""
-        return {
+        metrics = {
             "cached_tokens_device": self.cached_tokens_device,
             "cached_tokens_host": self.cached_tokens_host,
         }
+        if self.storage is not None:  # StorageMetricsCollector's prefetched / backuped tokens
+            metrics["prefetched_tokens"] = self.storage.prefetched_tokens
+            metrics["backuped_tokens"] = self.storage.backuped_tokens
+        return metrics
 
     # ------------------------------------------------------------------ accounting
     def check_invariants(self) -> None:
@@ -268,7 +314,11 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         tree_set, host_set = set(tree_pages), set(host_pages)
         in_flight = [n for n in tree._host_nodes() if n.write_ack is not None or n.host_lock_ref]
         busy = sum(len(n.host_value) for n in in_flight if n.host_value is not None)
-        ensure(self.host_usage().in_use == busy // p, "host pages in flight drifted from the tree's")
+        buffers = self.storage.buffer_pages() if self.storage is not None else []
+        ensure(
+            self.host_usage().in_use == busy // p + len(buffers),
+            "host pages in flight drifted from the tree's",
+        )
         ensure(len(tree_set) == len(tree_pages), "a device page is held by two tree nodes")
         ensure(len(host_set) == len(host_pages), "a host page is held by two tree nodes")
         ensure(0 not in tree_set, "the tree holds reserved page 0")
@@ -278,8 +328,13 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             "a free host page is held",
         )
         ensure(
-            len(host_free) + len(host_set) == tree.host_pool.num_pages,
-            f"host pages free {len(host_free)} + tree {len(host_set)} != {tree.host_pool.num_pages}",
+            len(set(buffers)) == len(buffers) and not set(buffers) & (host_set | set(host_free)),
+            "a prefetch buffer page is also free or in the tree",
+        )
+        ensure(
+            len(host_free) + len(host_set) + len(buffers) == tree.host_pool.num_pages,
+            f"host pages free {len(host_free)} + tree {len(host_set)} + prefetch {len(buffers)} "
+            f"!= {tree.host_pool.num_pages}",
         )
         own: list[int] = []
         for rid, record in self._live.items():

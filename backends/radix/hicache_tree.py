@@ -85,6 +85,8 @@ class HiRadixCache(RadixCache):
         # Observes every copy: ("store" | "load", device slots, host slots), in slot order
         # (the shadow-KV tests move their model KV with it).
         self.on_transfer: Callable[[str, SlotArray, SlotArray], None] = lambda kind, d, h: None
+        # Each node whose write-through copy acks (the L3 tier writes it on: hicache_storage.py).
+        self.on_write_acked: Callable[[HiTreeNode], None] = lambda node: None
         self.ongoing_writes: dict[int, tuple[HiTreeNode, list[HiTreeNode]]] = {}
         self.ongoing_loads: list[HiTreeNode] = []  # anchors locked (device and host) until their ack
         self.full_host_duplicates: dict[int, HiTreeNode] = {}  # write_back reclaim order
@@ -281,6 +283,8 @@ class HiRadixCache(RadixCache):
                     node.write_ack = None
                     self._track_duplicate(node)
             self.dec_lock_ref(lock_node)
+            for node in nodes:  # _finish_write_through_ack: every fragment goes on to L3
+                self.on_write_acked(node)
         return len(acks)
 
     def ack_loads(self) -> int:

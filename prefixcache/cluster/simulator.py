@@ -151,7 +151,7 @@ class Cluster:
                 break
             replica = self.replicas[step_at[1]]
             self.clock = max(self.clock, step_at[0])
-            if self._step(replica) == 0:
+            if self._step(replica) == 0 and not replica.cache.transfers_in_flight():
                 stalled[replica.index] += 1
                 if stalled[replica.index] > 2:
                     raise RuntimeError(f"replica {replica.index} made no progress at clock {self.clock}")

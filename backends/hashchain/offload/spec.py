@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixcache.tiers import HostTierConfig
+from prefixcache.tiers import STORAGE_FIELDS, HostTierConfig
 
 # SGLang's hicache_ratio default. vLLM has no default size (kv_offloading_size is required);
 # both designs get the same host memory when the caller names none.
 DEFAULT_HOST_RATIO = 2.0
-RADIX_ONLY_FIELDS = ("write_policy", "load_back_threshold")
+RADIX_ONLY_FIELDS = ("write_policy", "load_back_threshold", "storage", *STORAGE_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
