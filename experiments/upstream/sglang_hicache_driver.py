@@ -28,6 +28,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from prefixcache.experiments.upstream.sglang_hybrid_driver import grow_row, release_row
+
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "upstream" / "hicache"
 UPSTREAM = (
     "SGLang 0.5.23 UnifiedRadixCache(FULL, python tree core) with HiCache fields as init_hicache "
@@ -210,35 +212,10 @@ def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no c
         return [int(x) // ps for x in row(r)[: r.allocated][::ps]]
 
     def grow(r: Req, n: int, decode: bool) -> bool:
-        start = r.allocated
-        t = torch.tensor
-        if ps == 1:
-            alloc.evict_to_free_tokens(tree, n)
-            out = alloc.alloc(n)
-        elif decode:
-            alloc.evict_to_free_tokens(tree, ps)
-            out = alloc.alloc_decode(t([start + 1]), t([start + 1]), row(r)[start - 1 : start].clone())
-        else:
-            alloc.evict_to_free_tokens(tree, n + ps)
-            last = row(r)[start - 1 : start].clone() if start else t([-1])
-            out = alloc.alloc_extend(t([start]), t([start]), t([start + n]), t([start + n]), last, n)
-        if out is None:
-            return False
-        row(r)[start : start + n] = out
-        r.allocated = start + n
-        return True
+        return grow_row(alloc, tree, row(r), r, n, decode, ps)
 
     def release(r: Req) -> None:  # release_kv_cache(req, tree, checkpoint=True)
-        r.done = True
-        owned = r.computed
-        if owned:
-            tree.checkpoint(r, up_to=owned)
-        tree.free_kv_row(r.kv, [(r.kv.cache_protected_len, owned)])
-        tree.unlock(r.lock)
-        r.lock = None
-        tail = -(-owned // ps) * ps
-        if r.allocated > tail:
-            tree.free_kv_row(r.kv, [(tail, r.allocated)])
+        release_row(tree, r, ps)
 
     def states() -> list[list[Any]]:
         out = []

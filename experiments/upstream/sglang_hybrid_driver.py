@@ -363,6 +363,48 @@ def request_scenarios() -> list[dict[str, Any]]:
     return out
 
 
+def grow_row(  # pragma: no cover - needs SGLang
+    alloc: Any, tree: Any, row: Any, r: Any, n: int, decode: bool, ps: int
+) -> bool:
+    """Room for ``n`` more tokens of request ``r`` (its req_to_token ``row``), as SGLang's
+    scheduler allocates them: alloc at page 1, alloc_decode / alloc_extend above, evicting
+    first. Shared by the SWA, Mamba and HiCache recorders (needs SGLang)."""
+    import torch
+
+    start = r.allocated
+    t = torch.tensor
+    if ps == 1:
+        alloc.evict_to_free_tokens(tree, n)
+        out = alloc.alloc(n)
+    elif decode:
+        alloc.evict_to_free_tokens(tree, ps)
+        out = alloc.alloc_decode(t([start + 1]), t([start + 1]), row[start - 1 : start].clone())
+    else:
+        alloc.evict_to_free_tokens(tree, n + ps)
+        last = row[start - 1 : start].clone() if start else t([-1])
+        out = alloc.alloc_extend(t([start]), t([start]), t([start + n]), t([start + n]), last, n)
+    if out is None:
+        return False
+    row[start : start + n] = out
+    r.allocated = start + n
+    return True
+
+
+def release_row(tree: Any, r: Any, ps: int) -> None:  # pragma: no cover - needs SGLang
+    """release_kv_cache(req, tree, checkpoint=True): checkpoint what was computed, free the
+    request's row past the protected prefix, unlock, free the unused tail pages."""
+    r.done = True
+    owned = r.computed
+    if owned:
+        tree.checkpoint(r, up_to=owned)
+    tree.free_kv_row(r.kv, [(r.kv.cache_protected_len, owned)])
+    tree.unlock(r.lock)
+    r.lock = None
+    tail = -(-owned // ps) * ps
+    if r.allocated > tail:
+        tree.free_kv_row(r.kv, [(tail, r.allocated)])
+
+
 def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no cover - needs SGLang
     import os
 
@@ -441,35 +483,10 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
         return [int(x) // ps for x in full], [int(x) // ps for x in alloc.full_to_swa_index_mapping[full]]
 
     def grow(r: Req, n: int, decode: bool) -> bool:
-        start = r.allocated
-        t = torch.tensor
-        if ps == 1:
-            alloc.evict_to_free_tokens(tree, n)
-            out = alloc.alloc(n)
-        elif decode:
-            alloc.evict_to_free_tokens(tree, ps)
-            out = alloc.alloc_decode(t([start + 1]), t([start + 1]), row(r)[start - 1 : start].clone())
-        else:
-            alloc.evict_to_free_tokens(tree, n + ps)
-            last = row(r)[start - 1 : start].clone() if start else t([-1])
-            out = alloc.alloc_extend(t([start]), t([start]), t([start + n]), t([start + n]), last, n)
-        if out is None:
-            return False
-        row(r)[start : start + n] = out
-        r.allocated = start + n
-        return True
+        return grow_row(alloc, tree, row(r), r, n, decode, ps)
 
     def release(r: Req) -> None:  # release_kv_cache(req, tree, checkpoint=True)
-        r.done = True
-        owned = r.computed
-        if owned:
-            tree.checkpoint(r, up_to=owned)
-        tree.free_kv_row(r.kv, [(r.kv.cache_protected_len, owned)])
-        tree.unlock(r.lock)
-        r.lock = None
-        tail = -(-owned // ps) * ps
-        if r.allocated > tail:
-            tree.free_kv_row(r.kv, [(tail, r.allocated)])
+        release_row(tree, r, ps)
 
     for op in sc["ops"]:
         kind = op["op"]
