@@ -146,14 +146,8 @@ class HiRadixCache(RadixCache):
         """RadixCache.insert with HiCache's rules (module docstring). Returns the length
         already in the tree, host-only spans included: the caller keeps its slots there
         where the tree adopted them (the tree's slots are the caller's own)."""
-        key = key.page_aligned(self.page_size)
-        value = np.asarray(key.token_ids if value is None else value, dtype=np.int64)[: len(key)]
-        if len(value) != len(key):
-            raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
-        now = self.clock()
+        key, value, now = self._begin_insert(key, value, priority)  # is_eagle is refused here
         node = self.root_node
-        node.last_access_time = now
-        node.priority = max(node.priority, priority)
         pos = 0
         while pos < len(key):
             step = self._descend(node, key, pos, now)

@@ -110,6 +110,22 @@ class RadixCache:
         indices = np.concatenate(values) if values else EMPTY_SLOTS
         return MatchResult(pos, indices, node)
 
+    def _begin_insert(
+        self, key: RadixKey, value: SlotArray | None, priority: int
+    ) -> tuple[RadixKey, np.ndarray, float]:
+        """What every insert does first: the key as stored (bigram view, page-aligned), its slot
+        indices checked against it, the root stamped; returns (key, value, now)."""
+        key, _ = key.maybe_to_bigram_view(self.is_eagle)
+        key = key.page_aligned(self.page_size)
+        value = np.asarray(key.token_ids if value is None else value, dtype=np.int64)[: len(key)]
+        if len(value) != len(key):
+            raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
+        now = self.clock()
+        root = self.root_node
+        root.last_access_time = now
+        root.priority = max(root.priority, priority)
+        return key, value, now
+
     def insert(
         self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0
     ) -> int:
@@ -122,15 +138,8 @@ class RadixCache:
         """
         if self.disable:
             return 0
-        key, _ = key.maybe_to_bigram_view(self.is_eagle)
-        key = key.page_aligned(self.page_size)
-        value = np.asarray(key.token_ids if value is None else value, dtype=np.int64)[: len(key)]
-        if len(value) != len(key):
-            raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
-        now = self.clock()
+        key, value, now = self._begin_insert(key, value, priority)
         node = self.root_node
-        node.last_access_time = now
-        node.priority = max(node.priority, priority)
         pos = 0
         while pos < len(key):
             step = self._descend(node, key, pos, now)
