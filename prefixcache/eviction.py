@@ -12,17 +12,26 @@ carry the same fields:
     priority          1 for prompt pages once output follows them (SGLang's split_prompt),
                       0 otherwise; hashchain: 1 for blocks wholly inside the prompt
     num_tokens        tokens it holds (a radix edge's length; a block's size)
+    tail_tokens       tokens of the last request that held it after its end (tlru)
+    ghost_hit         its content was in a ghost when it was cached (arc, s3fifo)
+    policy_state      what a learning policy keeps on it (wa), None until then
 
 ``make_policy`` builds one by name; ``eviction_policies`` lists the names a backend accepts.
-A new policy is one small class with ``priority(entry)``.
+A new policy is one small class with ``priority(entry)``. A *segmented* policy (arc, s3fifo,
+wa) keys entries (segment, key in segment) and picks the segment to evict from with
+``choose``; caches keep its entries in a ``SegmentedIndex`` (``make_index``). Policies with a
+ghost learn of new and evicted entries' content ids through ``admit`` and ``forget``.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any, Protocol
+
+from sortedcontainers import SortedList
 
 
 class Evictable(Protocol):
@@ -218,6 +227,255 @@ class LearnedReuse:
         self.gaps += 1
 
 
+class Ghost:
+    """A bounded FIFO set of content ids of evicted entries (ARC's B1/B2, S3-FIFO's G)."""
+
+    __slots__ = ("ids", "size")
+
+    def __init__(self, size: int) -> None:
+        self.ids: OrderedDict[Hashable, None] = OrderedDict()
+        self.size = max(1, size)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, content_id: Hashable) -> None:
+        self.ids[content_id] = None
+        self.ids.move_to_end(content_id)
+        if len(self.ids) > self.size:
+            self.ids.popitem(last=False)
+
+    def take(self, content_id: Hashable) -> bool:
+        """Whether ``content_id`` was remembered (it is forgotten now)."""
+        return self.ids.pop(content_id, False) is None
+
+
+class ARC:
+    """Adaptive Replacement Cache (Megiddo & Modha, FAST'03). T1 holds entries seen once (only
+    the request that cached them), T2 entries seen again or re-cached from a ghost; LRU in
+    each. The target size ``p`` of T1 grows on a hit in ghost B1 (recently evicted from T1)
+    and shrinks on one in B2; T1 is evicted first while it is larger than ``p``.
+
+    Both designs apply it to what they may evict (free cached leaves, radix leaves), so |T1|
+    and |T2| count evictable entries, not every cached one as in ARC; ghosts hold up to
+    ``capacity`` content ids each (block hashes in hashchain, (parent node, first page,
+    length) in radix: a re-inserted edge split differently is a stranger)."""
+
+    segmented = True
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.p = 0.0
+        self.b1, self.b2 = Ghost(capacity), Ghost(capacity)
+
+    def priority(self, entry: Evictable) -> tuple[int, float]:
+        seen_again = entry.hit_count >= 2 or getattr(entry, "ghost_hit", False)
+        return (2 if seen_again else 1, entry.last_access_time)
+
+    def admit(self, entry: Any, content_id: Hashable) -> None:
+        """A new entry: a ghost hit moves ``p`` and puts it in T2."""
+        b1, b2 = len(self.b1), len(self.b2)
+        if self.b1.take(content_id):
+            self.p = min(float(self.capacity), self.p + max(b2 / b1, 1.0))
+            entry.ghost_hit = True
+        elif self.b2.take(content_id):
+            self.p = max(0.0, self.p - max(b1 / max(b2, 1), 1.0))
+            entry.ghost_hit = True
+        else:
+            entry.ghost_hit = False
+
+    def forget(self, entry: Evictable, content_id: Hashable) -> None:
+        (self.b1 if self.priority(entry)[0] == 1 else self.b2).add(content_id)
+
+    def choose(self, sizes: dict[Any, int], heads: dict[Any, Any]) -> Any:
+        t1, t2 = sizes.get(1, 0), sizes.get(2, 0)
+        return 1 if t1 and (t1 > self.p or not t2) else 2
+
+
+class S3FIFO:
+    """S3-FIFO (Yang et al., SOSP'23): new entries enter a small FIFO queue S; one touched again
+    (or re-cached while its id is in the ghost G) belongs to the main queue M. S is evicted,
+    oldest first, while it holds at least ``small`` of the evictable entries; an entry evicted
+    from S leaves its id in G. M is LRU here (S3-FIFO's main queue is FIFO with reinsertion
+    of the touched, which a hit already does in both designs: a hit takes the entry out of the
+    evictable set and it comes back at the tail). Queue sizes count evictable entries; G holds
+    ``capacity`` ids (content ids as in ``ARC``)."""
+
+    segmented = True
+
+    def __init__(self, capacity: int, small: float = 0.1) -> None:
+        if not 0.0 < small < 1.0:
+            raise ValueError(f"s3fifo's small queue share must be in (0, 1), got {small}")
+        self.small = small
+        self.ghost = Ghost(capacity)
+
+    def priority(self, entry: Evictable) -> tuple[int, float]:
+        if entry.hit_count <= 1 and not getattr(entry, "ghost_hit", False):
+            return (0, entry.creation_time)
+        return (1, entry.last_access_time)
+
+    def admit(self, entry: Any, content_id: Hashable) -> None:
+        entry.ghost_hit = self.ghost.take(content_id)
+
+    def forget(self, entry: Evictable, content_id: Hashable) -> None:
+        if self.priority(entry)[0] == 0:
+            self.ghost.add(content_id)
+
+    def choose(self, sizes: dict[Any, int], heads: dict[Any, Any]) -> Any:
+        s, m = sizes.get(0, 0), sizes.get(1, 0)
+        return 0 if s and (s >= self.small * (s + m) or not m) else 1
+
+
+class TailOptimizedLRU:
+    """Tail-optimized LRU (Zhang, Li, Moallemi & Peng, NeurIPS'25, arXiv 2510.15152): evict
+    first what cannot change whether the next turn meets its latency target. With a target of
+    ``xi`` uncached tokens and a next-turn estimate ``q``, a conversation's cache is excess
+    from the point where what follows it (to the end of the sequence) is at most ``xi - q``
+    tokens: dropping it leaves the next turn within target anyway. Excess entries go first,
+    LRU among them, then the rest by LRU. ``slack`` = ``xi - q`` in tokens (the paper derives
+    ``xi`` from an SLO; we take both as one parameter and learn neither). Entries carry
+    ``tail_tokens``: tokens of the last touching request after the entry's end."""
+
+    __slots__ = ("slack",)
+
+    def __init__(self, slack: int = 1024) -> None:
+        if slack < 0:
+            raise ValueError(f"tlru's slack (xi - q) must be >= 0 tokens, got {slack}")
+        self.slack = slack
+
+    def priority(self, entry: Evictable) -> tuple[bool, float]:
+        excess = getattr(entry, "tail_tokens", 0) + entry.num_tokens <= self.slack
+        return (not excess, entry.last_access_time)
+
+
+class WorkloadAware:
+    """Workload-aware eviction in the spirit of Wang et al. (USENIX ATC'25, arXiv 2506.02634):
+    within a request category, reuse probability decays exponentially with the time since
+    last use, with a rate and a reuse probability that the category shows; evict the entry
+    least likely to be reused now, prefix position breaking ties (the deeper, later block
+    first, as every index here does). The paper's categories (request type, turn) are not in
+    the Mooncake traces; ours are what both designs know about an entry: how many requests
+    held it (1, 2, 3, more) and whether it lies in a prompt (``priority``).
+
+    Value of an entry of category c, last used at t: p_c * exp(-(now - t) / g_c), where p_c is
+    the share of c's entries reused before eviction and g_c their mean reuse gap, both learned
+    online (a reuse is seen when an entry comes back with a higher hit count). Inside one
+    category the value falls with age, so each category is an LRU segment and an eviction
+    compares the segments' oldest entries only: O(categories) per eviction. ``now`` is the
+    latest time stamped on an entry."""
+
+    segmented = True
+    HOLDERS = 3
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.touches: dict[tuple, float] = {}
+        self.reuses: dict[tuple, float] = {}
+        self.gap_sum: dict[tuple, float] = {}
+
+    def category(self, entry: Evictable) -> tuple[int, int]:
+        return (min(entry.hit_count, self.HOLDERS), entry.priority)
+
+    def priority(self, entry: Any) -> tuple[tuple[int, int], float]:
+        cat = self.category(entry)
+        t = entry.last_access_time
+        self.now = max(self.now, t)
+        state = entry.policy_state
+        if state is None or entry.hit_count > state[1]:  # new, or reused since last stamped
+            if state is not None:
+                old = state[2]
+                self.reuses[old] = self.reuses.get(old, 0.0) + 1
+                self.gap_sum[old] = self.gap_sum.get(old, 0.0) + max(t - state[0], 0.0)
+            self.touches[cat] = self.touches.get(cat, 0.0) + 1
+            entry.policy_state = (t, entry.hit_count, cat)
+        return (cat, t)
+
+    def value(self, entry: Any) -> float:
+        cat = entry.policy_state[2] if entry.policy_state is not None else self.category(entry)
+        reuses = self.reuses.get(cat, 0.0)
+        p = (reuses + 1) / (self.touches.get(cat, 0.0) + 2)
+        if reuses:
+            gap = self.gap_sum[cat] / reuses
+        else:
+            total = sum(self.reuses.values())
+            gap = sum(self.gap_sum.values()) / total if total else 1.0
+        return float(p * math.exp(-(self.now - entry.last_access_time) / max(gap, 1e-9)))
+
+    def choose(self, sizes: dict[Any, int], heads: dict[Any, Any]) -> Any:
+        return min(heads, key=lambda seg: (self.value(heads[seg]), seg))
+
+
+class SegmentedIndex:
+    """The sorted index of a segmented policy (one whose key is (segment, key-in-segment)):
+    a SortedList per segment, and the policy's ``choose`` names the segment whose first entry
+    goes next. Offers what the caches use of a SortedList: add, remove, ``[0]``, ``pop(0)``,
+    len and iteration (segment by segment). An entry is a tuple: its key first, the cached
+    object last."""
+
+    __slots__ = ("policy", "segments", "_len")
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.segments: dict[Any, SortedList] = {}
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __iter__(self) -> Iterator[tuple]:
+        for seg in sorted(self.segments):
+            yield from self.segments[seg]
+
+    def add(self, entry: tuple) -> None:
+        seg = entry[0][0]
+        lst = self.segments.get(seg)
+        if lst is None:
+            lst = self.segments[seg] = SortedList()
+        lst.add(entry)
+        self._len += 1
+
+    def remove(self, entry: tuple) -> None:
+        self.segments[entry[0][0]].remove(entry)  # ValueError if absent, as SortedList's
+        self._len -= 1
+
+    def __getitem__(self, i: int) -> tuple:
+        if i != 0:
+            raise IndexError("a segmented index only shows its next victim, [0]")
+        if not self._len:
+            raise IndexError("the eviction index is empty")
+        live = {seg: lst for seg, lst in self.segments.items() if lst}
+        seg = self.policy.choose({s: len(lst) for s, lst in live.items()},
+                                 {s: lst[0][-1] for s, lst in live.items()})
+        return live[seg][0]  # type: ignore[no-any-return]
+
+    def pop(self, i: int = 0) -> tuple:
+        entry = self[i]
+        self.remove(entry)
+        return entry
+
+
+def make_index(policy: EvictionPolicy) -> SortedList | SegmentedIndex:
+    """The sorted index a cache keeps its evictable entries in under ``policy``."""
+    return SegmentedIndex(policy) if getattr(policy, "segmented", False) else SortedList()
+
+
+def admit(policy: EvictionPolicy, entry: Any, content_id: Hashable) -> None:
+    """A new cached entry with ``content_id``: policies with a ghost (ARC, S3-FIFO) look it up."""
+    hook = getattr(policy, "admit", None)
+    if hook is not None:
+        hook(entry, content_id)
+
+
+def forget(policy: EvictionPolicy, entry: Any, content_id: Hashable) -> None:
+    """``entry`` was evicted: policies with a ghost remember ``content_id``."""
+    hook = getattr(policy, "forget", None)
+    if hook is not None:
+        hook(entry, content_id)
+
+
 POLICIES: dict[str, type] = {
     "lru": LRU,
     "lfu": LFU,
@@ -228,25 +486,33 @@ POLICIES: dict[str, type] = {
     "slru": SLRU,
     "wlfu": WLFU,
     "gdsf": GDSF,
+    "tlru": TailOptimizedLRU,
+    "wa": WorkloadAware,
 }
-# Backends that take ``eviction_policy``: both accept every name above; hashchain also ``lrp``.
+# Backends that take ``eviction_policy``: both accept every name above and the capacity
+# policies; hashchain also ``lrp``, which learns from the manager's lookups.
 BACKENDS_WITH_POLICIES = ("hashchain", "radix")
-CAPACITY_POLICIES: dict[str, type] = {"lrp": LearnedReuse}  # built with the cache's capacity
-_EXTRA = {"hashchain": tuple(CAPACITY_POLICIES), "radix": ()}
+CAPACITY_POLICIES: dict[str, type] = {"arc": ARC, "s3fifo": S3FIFO, "lrp": LearnedReuse}
+LOOKUP_POLICIES = ("lrp",)  # need the manager's lookups: hashchain and the block model only
+_EXTRA = {"hashchain": tuple(CAPACITY_POLICIES), "radix": ("arc", "s3fifo")}
 
 
-def make_policy(name: str, capacity: int | None = None) -> EvictionPolicy:
+def make_policy(name: str, capacity: int | None = None, lookups: bool = True) -> EvictionPolicy:
     """The policy called ``name`` (case-insensitive); ValueError listing the valid names.
-    ``capacity`` (entries the cache holds) is needed by the policies that learn (``lrp``)."""
+    ``capacity`` (entries the cache holds) is needed by the policies with a ghost (``arc``,
+    ``s3fifo``, ``lrp``); ``lookups`` is False for a cache that cannot feed ``lrp``."""
     key = name.lower() if isinstance(name, str) else None
+    if key in LOOKUP_POLICIES and not lookups:
+        raise ValueError(f"eviction policy {name!r} learns from each request's lookup: "
+                         "hashchain and the block model only")
     if key in CAPACITY_POLICIES:
-        if capacity is None:
-            raise ValueError(f"eviction policy {name!r} remembers evicted entries by content: "
-                             "hashchain and the block model only")
+        if capacity is None or capacity < 1:
+            raise ValueError(f"eviction policy {name!r} needs the cache's capacity in entries")
         return CAPACITY_POLICIES[key](capacity)  # type: ignore[no-any-return]
     cls = POLICIES.get(key) if key is not None else None
     if cls is None:
-        raise ValueError(f"unknown eviction policy {name!r}; valid: {', '.join(POLICIES)}")
+        valid = ", ".join([*POLICIES, *CAPACITY_POLICIES])
+        raise ValueError(f"unknown eviction policy {name!r}; valid: {valid}")
     return cls()  # type: ignore[no-any-return]
 
 

@@ -158,6 +158,7 @@ MUTANT_MODULES = [
     "tests.mutants_kv_events",
     "tests.mutants_hicache",
     "tests.mutants_offload_hashchain",
+    "tests.mutants_eviction_zoo",
 ]
 
 

@@ -8,7 +8,14 @@ import pytest
 from prefixcache.backends.hashchain.block_pool import BlockPool
 
 from prefixcache import CacheConfig, Request, eviction_policies, make_cache
-from prefixcache.eviction import BACKENDS_WITH_POLICIES, POLICIES, make_policy, note_eviction
+from prefixcache.eviction import (
+    BACKENDS_WITH_POLICIES,
+    CAPACITY_POLICIES,
+    LOOKUP_POLICIES,
+    POLICIES,
+    make_policy,
+    note_eviction,
+)
 from tests.helpers import checked, keyed, run_to_completion
 from tests.test_hashchain_block_pool import h
 
@@ -27,7 +34,12 @@ EXPECTED = {
     "slru": "BAC",  # B probationary (held once), then A, C protected by time
     "wlfu": "BCA",  # equal lengths: LFU
     "gdsf": "BCA",  # no eviction before: inflation 0, LFU's order
+    "tlru": "BAC",  # every block ends within the slack of its request's end: all excess, LRU
+    "wa": "BAC",  # B's category (held once) decays from the oldest stamp; A, C by age
+    "arc": "BAC",  # B alone in T1 (seen once), larger than p = 0; then T2 by LRU
+    "s3fifo": "BAC",  # B alone in S (1 >= 10% of 3); then M by LRU
 }
+NAMES = [*POLICIES, *(p for p in CAPACITY_POLICIES if p not in LOOKUP_POLICIES)]
 
 
 def cached_after_evicting(backend: str, policy: str, pages: int) -> set[str]:
@@ -52,22 +64,22 @@ def eviction_order(backend: str, policy: str) -> str:
 
 
 @pytest.mark.parametrize("backend", BACKENDS_WITH_POLICIES)
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted(NAMES))
 def test_each_policy_evicts_in_the_same_order_in_both_designs(backend: str, policy: str) -> None:
     assert eviction_order(backend, policy) == EXPECTED[policy]
 
 
 def test_every_policy_has_an_expected_order_and_both_backends_list_them_all() -> None:
-    assert set(EXPECTED) == set(POLICIES)
-    assert eviction_policies("radix") == list(POLICIES)
-    assert eviction_policies("hashchain") == [*POLICIES, "lrp"]
+    assert set(EXPECTED) == set(NAMES)
+    assert eviction_policies("radix") == [*POLICIES, "arc", "s3fifo"]
+    assert eviction_policies("hashchain") == [*POLICIES, "arc", "s3fifo", "lrp"]
     for backend in BACKENDS_WITH_POLICIES:
         for name in eviction_policies(backend):
             make_cache(backend, CacheConfig(64, PAGE), eviction_policy=name.upper())  # any case
 
 
 def test_lrp_in_radix_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="by content: hashchain and the block model only"):
+    with pytest.raises(ValueError, match="learns from each request's lookup: hashchain and the block"):
         make_cache("radix", CacheConfig(64, PAGE), eviction_policy="lrp")
 
 

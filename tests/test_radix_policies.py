@@ -25,6 +25,10 @@ EXPECTED = {
     "slru": "BAC",  # B probationary (1 < 2), then A and C protected, by time
     "wlfu": "BAC",  # ours: hit_count * len: A=6, B=4, C=6; A before C by time
     "gdsf": "BCA",  # inflation 0 until the first eviction: LFU's order, keys kept as computed
+    "tlru": "ACB",  # every leaf ends its request and is shorter than the slack: LRU
+    "wa": "ACB",  # value p * exp(-age / gap) per category head: here LRU's order
+    "arc": "BAC",  # B alone in T1 (held once) and larger than p = 0; then T2 (A, C) by time
+    "s3fifo": "BAC",  # B alone in S (1 >= 10% of 3 leaves); then M (A, C) by time
 }
 LEAVES = {"A": [1, 1], "B": [2, 2, 2, 2], "C": [3, 3, 3]}
 PRIO = {"A": 1, "B": 1, "C": 0}
@@ -33,7 +37,8 @@ PRIO = {"A": 1, "B": 1, "C": 0}
 def eviction_order(policy: str) -> str:
     freed: list[int] = []
     clock = itertools.count(1).__next__
-    tree = RadixCache(1, eviction_policy=policy, free_slots=lambda s: freed.append(int(s[0])), clock=clock)
+    tree = RadixCache(1, eviction_policy=policy, free_slots=lambda s: freed.append(int(s[0])), clock=clock,
+                     capacity=16)
     slot = {"A": 100, "B": 200, "C": 300}
     for name in "ABC":
         tree.insert(RadixKey(LEAVES[name]), np.full(len(LEAVES[name]), slot[name]), priority=PRIO[name])
@@ -55,7 +60,7 @@ def test_each_policy_evicts_in_its_exact_order(policy: str) -> None:
 
 
 def test_every_registered_policy_has_an_expected_order() -> None:
-    assert set(POLICIES) == set(EXPECTED)
+    assert set(EXPECTED) == set(POLICIES) | {"arc", "s3fifo"}
 
 
 def test_lfu_is_not_lru() -> None:
@@ -71,8 +76,10 @@ def test_policy_names_are_case_insensitive(name: str) -> None:
 def test_unknown_policy_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="valid: lru, lfu, fifo, mru, filo, priority, slru"):
         make_policy("clock")
-    with pytest.raises(ValueError, match="valid:"):
-        make_cache("radix", CacheConfig(64, 1), eviction_policy="arc")
+    with pytest.raises(ValueError, match="valid:.*, arc, s3fifo, lrp"):
+        make_cache("radix", CacheConfig(64, 1), eviction_policy="belady")
+    with pytest.raises(ValueError, match="needs the cache's capacity"):
+        RadixCache(1, eviction_policy="arc")
 
 
 def test_slru_protects_at_threshold_two() -> None:
@@ -96,13 +103,13 @@ def test_request_flow_moves_hit_count_so_lfu_keeps_the_often_used_prefix() -> No
     assert results["lru"] == (0, 19), "LRU evicts the least recently used prompt"
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted(EXPECTED))
 def test_a_split_leaf_is_resorted_under_every_policy(policy: str) -> None:
     """A match ending inside an evictable leaf splits it; the lower part stays a leaf whose
     length (wlfu's key) changed, so its entry in the leaf index must be renewed. This is the
     bug whole-trace replays found: wlfu left a stale priority after a split."""
     clock = itertools.count(1).__next__
-    tree = RadixCache(1, eviction_policy=policy, clock=clock)
+    tree = RadixCache(1, eviction_policy=policy, clock=clock, capacity=16)
     tree.insert(RadixKey([1, 2, 3, 4, 5, 6]), np.arange(6))
     tree.insert(RadixKey([1, 2, 3, 4, 5, 6]), np.arange(6))  # hit_count 2: wlfu's key moves with length
     tree.match_prefix(RadixKey([1, 2, 9]))  # splits [1..6] at 2

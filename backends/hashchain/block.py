@@ -31,6 +31,9 @@ class KVCacheBlock:
         "num_cached_children",
         "reuse_class",
         "credited",
+        "tail_tokens",
+        "ghost_hit",
+        "policy_state",
     )
 
     def __init__(self, block_id: int, is_null: bool = False, num_tokens: int = 0) -> None:
@@ -54,6 +57,9 @@ class KVCacheBlock:
         self.num_cached_children = 0  # cached blocks whose live parent this is
         self.reuse_class: tuple = ()  # lrp: the class of the request that last freed it
         self.credited = False  # lrp: a hit since then was counted
+        self.tail_tokens = 0  # tlru: the freeing request's tokens after this block
+        self.ghost_hit = False  # arc, s3fifo: its hash was in the ghost when cached
+        self.policy_state: tuple | None = None  # wa: (stamp, hit_count, category)
 
     @property
     def block_hash(self) -> BlockHashWithGroupId | None:

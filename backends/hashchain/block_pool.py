@@ -230,9 +230,13 @@ class BlockPool:
             return
         if self.ranked is not None:
             now = self.ranked.tick()
+            # released keeps the caller's order, a request's table tail first: tlru reads the
+            # cached tokens after each block (full blocks only, as radix's page-aligned key)
+            after = 0
             for b in released:
                 if b.block_hash is not None:
-                    self.ranked.freed(b, now)
+                    self.ranked.freed(b, now, after)
+                    after += b.num_tokens
         if self.unhashed_first:
             with_hash = [b for b in released if b.block_hash is not None]
             self.num_cached_free_blocks += len(with_hash)

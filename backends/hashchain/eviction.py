@@ -17,9 +17,16 @@ was freed (re-ranking every free block would cost a scan), as in the block model
 from __future__ import annotations
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
-from sortedcontainers import SortedList
 
-from prefixcache.eviction import EvictionPolicy, LearnedReuse, keys_stay_fresh, note_eviction
+from prefixcache.eviction import (
+    EvictionPolicy,
+    LearnedReuse,
+    admit,
+    forget,
+    keys_stay_fresh,
+    make_index,
+    note_eviction,
+)
 from prefixcache.interface import ensure
 
 
@@ -32,7 +39,7 @@ class RankedEviction:
         self.learner = policy if isinstance(policy, LearnedReuse) else None
         self.clock = 0  # logical time: one tick per pool operation
         self.num_orphaned_blocks = 0
-        self._index: SortedList = SortedList()  # (key, -depth, block_id, block)
+        self._index = make_index(policy)  # (key, -depth, block_id, block)
         self._entry: dict[int, tuple] = {}
 
     def tick(self) -> int:
@@ -53,6 +60,9 @@ class RankedEviction:
         block.priority = int(prompt)
         block.depth = depth
         block.num_cached_children = 0
+        block.tail_tokens = 0
+        block.policy_state = None
+        admit(self.policy, block, block.block_hash)
         block.parent = parent
         if parent is not None:
             block.parent_epoch = parent.epoch
@@ -66,9 +76,11 @@ class RankedEviction:
         block.hit_count += 1
         block.last_access_time = now
 
-    def freed(self, block: KVCacheBlock, now: int) -> None:
-        """Cached ``block`` reached ref_cnt 0."""
+    def freed(self, block: KVCacheBlock, now: int, tail_tokens: int = 0) -> None:
+        """Cached ``block`` reached ref_cnt 0; ``tail_tokens``: the tokens of the cached blocks
+        after it that the same request freed."""
         block.last_access_time = now
+        block.tail_tokens = tail_tokens
         if self.learner is not None:
             self.learner.assign(block)
         if block.num_cached_children == 0:
@@ -77,8 +89,10 @@ class RankedEviction:
     def uncached(self, block: KVCacheBlock) -> None:
         """``block`` loses its hash (evicted, reused or reset): its parent may become a leaf."""
         self._drop(block)
-        if self.learner is not None and block.block_hash is not None:
-            self.learner.evicted(block, block.block_hash)
+        if block.block_hash is not None:
+            forget(self.policy, block, block.block_hash)
+            if self.learner is not None:
+                self.learner.evicted(block, block.block_hash)
         self.num_orphaned_blocks += block.num_cached_children
         block.num_cached_children = 0
         block.epoch += 1  # orphans' links to it are dead now

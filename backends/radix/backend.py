@@ -144,6 +144,7 @@ class RadixPrefixCache(PrefixCache[_Live]):
             clock=clock,
             # SGLang: a disabled tree records nothing
             events=RadixEventRecorder(config.page_size) if kv_events and not disable else None,
+            capacity=config.num_pages,
         )
 
     # ------------------------------------------------------------------ pages <-> slots

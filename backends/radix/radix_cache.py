@@ -15,9 +15,16 @@ import numpy as np
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode
-from sortedcontainers import SortedList
 
-from prefixcache.eviction import EvictionPolicy, keys_stay_fresh, make_policy, note_eviction
+from prefixcache.eviction import (
+    EvictionPolicy,
+    admit,
+    forget,
+    keys_stay_fresh,
+    make_index,
+    make_policy,
+    note_eviction,
+)
 
 EMPTY_SLOTS: SlotArray = np.empty(0, dtype=np.int64)
 
@@ -39,11 +46,14 @@ class RadixCache:
         free_slots: Callable[[SlotArray], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         events: RadixEventRecorder | None = None,
+        capacity: int | None = None,
     ) -> None:
+        """capacity: the most leaves the tree can hold (the pool's pages), for the policies with
+        a ghost of that size (arc, s3fifo)."""
         self.page_size = page_size
         self.disable = disable
         self.is_eagle = is_eagle  # keys become bigram views at match / insert (key.py)
-        self.policy: EvictionPolicy = make_policy(eviction_policy)
+        self.policy: EvictionPolicy = make_policy(eviction_policy, capacity, lookups=False)
         self.free_slots = free_slots if free_slots is not None else (lambda slots: None)
         self.clock = clock
         # SGLang's ``kv_events`` recorder (None: off); set before the first reset, which it records.
@@ -62,7 +72,7 @@ class RadixCache:
         self.protected_size_ = 0
         # SGLang re-heapifies every evictable leaf on each evict() call; we keep them sorted by
         # (policy priority, id) and update on each change, so evict pays only for what it pops.
-        self._leaves: SortedList = SortedList()
+        self._leaves = make_index(self.policy)
         self._leaf_entry: dict[int, tuple[Any, int, TreeNode]] = {}
         if self.events is not None:
             self.events.record_all_cleared()
@@ -150,6 +160,7 @@ class RadixCache:
             pos += n
             if pos > hit_from:
                 child.hit_count += 1
+            child.tail_tokens = len(key) - pos
             self._refresh(child)
             node = child
         if pos < len(key):
@@ -159,6 +170,7 @@ class RadixCache:
             leaf.key = key[pos:].copy()
             leaf.value = value[pos:].copy()
             leaf.hit_count = 1 if len(key) > hit_from else 0
+            admit(self.policy, leaf, self._content_id(leaf))
             node.children[leaf.key.child_key(self.page_size)] = leaf
             self.version += 1
             self.evictable_size_ += len(leaf.value)
@@ -191,6 +203,8 @@ class RadixCache:
         new = TreeNode(now, priority=child.priority)
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
+        new.ghost_hit, new.policy_state = child.ghost_hit, child.policy_state
+        new.tail_tokens = child.tail_tokens + len(child.key) - split_len
         new.parent = child.parent
         new.key = child.key[:split_len]
         new.value = child.value[:split_len].copy()
@@ -255,6 +269,7 @@ class RadixCache:
         while evicted < num_tokens and self._leaves:
             key, _, leaf = self._leaves[0]
             note_eviction(self.policy, key)
+            forget(self.policy, leaf, self._content_id(leaf))
             assert leaf.value is not None
             self.free_slots(leaf.value)
             evicted += len(leaf.value)
@@ -273,6 +288,12 @@ class RadixCache:
         node.value = None
         self._update_leaf_status(node)
         self._update_leaf_status(parent)
+
+    def _content_id(self, leaf: TreeNode) -> tuple:
+        """What a ghost remembers an edge by (arc, s3fifo): its parent, first page and length.
+        O(1); an edge re-inserted under the same parent with the same split is recognised."""
+        assert leaf.parent is not None
+        return (leaf.parent.id, leaf.key.child_key(self.page_size), len(leaf.key))
 
     def _is_evictable_leaf(self, node: TreeNode) -> bool:
         return not node.evicted and node.lock_ref == 0 and not node.children and node is not self.root_node

@@ -34,6 +34,9 @@ class TreeNode:
         "hit_count",
         "priority",
         "id",
+        "tail_tokens",
+        "ghost_hit",
+        "policy_state",
     )
 
     counter: ClassVar[int] = 0  # advances on every construction, as SGLang's class counter
@@ -50,6 +53,10 @@ class TreeNode:
         self.creation_time = now
         self.hit_count = 0
         self.priority = priority
+        # Ours, for eviction policies (prefixcache/eviction.py): tlru, arc / s3fifo, wa
+        self.tail_tokens = 0
+        self.ghost_hit = False
+        self.policy_state: tuple | None = None
         self.id = TreeNode.counter
         TreeNode.counter += 1
 

@@ -4,7 +4,7 @@ The model's cache is a prefix tree of block keys (a block's parent is the block 
 the request). After each request, while more than ``capacity`` blocks are cached, the leaf
 (no cached child) with the smallest key goes, as radix evicts leaves and as our ranked
 hashchain policies do, so a policy never orphans a block. Keys are computed when a block is
-touched or becomes a leaf, never re-ranked later (what a heap-ordered cache can afford).
+touched or becomes a leaf, never re-ranked later (what a sorted-index cache can afford).
 
 Policies: every name of ``prefixcache.eviction`` (the vocabulary both backends take; time is
 the request index, every block one page long, priority 0), ``lrp`` (ours, below), and the
@@ -23,18 +23,18 @@ output length.
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections.abc import Sequence
 from typing import Any
 
 from prefixcache.experiments.analysis.bounds import BlockTrace, _hits_per_request, cached_prefix
 
-from prefixcache.eviction import LearnedReuse, make_policy, note_eviction
+from prefixcache.eviction import LearnedReuse, admit, forget, make_index, make_policy, note_eviction
 
 
 class _Block:
     __slots__ = ("key", "parent", "num_children", "last_access_time", "creation_time", "hit_count",
-                 "priority", "num_tokens", "depth", "reuse_class", "credited")
+                 "priority", "num_tokens", "depth", "reuse_class", "credited", "tail_tokens",
+                 "ghost_hit", "policy_state", "entry")
 
     def __init__(self, key: int, parent: _Block | None, depth: int, now: int, page: int) -> None:
         self.key, self.parent, self.depth = key, parent, depth
@@ -43,6 +43,10 @@ class _Block:
         self.hit_count, self.priority, self.num_tokens = 1, 0, page  # its inserting request holds it
         self.reuse_class: tuple = ()
         self.credited = False
+        self.tail_tokens = 0
+        self.ghost_hit = False
+        self.policy_state: tuple | None = None
+        self.entry: tuple | None = None  # its entry in the eviction index, while a leaf
 
 
 class ReuseOracle:
@@ -61,7 +65,7 @@ class ReuseOracle:
         return (again, block.last_access_time)
 
 
-MODEL_POLICIES = ("lrp", "reuse-oracle")  # besides every prefixcache.eviction name
+MODEL_POLICIES = ("arc", "s3fifo", "lrp", "reuse-oracle")  # besides prefixcache.eviction.POLICIES
 
 
 def make_model_policy(name: str, trace: BlockTrace, capacity: int) -> Any:
@@ -86,16 +90,17 @@ def policy_hits(
     learner = pol if isinstance(pol, LearnedReuse) else None
     oracle = pol if isinstance(pol, ReuseOracle) else None
     cache: dict[int, _Block] = {}
-    heap: list[tuple[Any, int, int, _Block]] = []  # (key, -depth, serial, block): stale ones skipped
+    index = make_index(pol)  # (key, -depth, serial, block) of each leaf
     serial = 0
 
-    def push(block: _Block) -> None:
+    def rank(block: _Block) -> None:  # (re)enter the index with a key computed now
         nonlocal serial
+        if block.entry is not None:
+            index.remove(block.entry)
         serial += 1
-        heapq.heappush(heap, (pol.priority(block), -block.depth, serial, block))
-        block_version[block.key] = serial
+        block.entry = (pol.priority(block), -block.depth, serial, block)
+        index.add(block.entry)
 
-    block_version: dict[int, int] = {}
     out = []
     for r, (look, ins) in enumerate(zip(trace.lookups, trace.inserts, strict=True)):
         hit = cached_prefix(look, cache)
@@ -110,34 +115,38 @@ def policy_hits(
             block = cache.get(key)
             if block is None:
                 block = _Block(key, parent, depth, r, trace.page_size)
+                admit(pol, block, key)
                 cache[key] = block
                 if parent is not None:
                     parent.num_children += 1
+                    if parent.entry is not None:  # no longer a leaf
+                        index.remove(parent.entry)
+                        parent.entry = None
             else:
                 if learner is not None and depth < hit:
                     learner.reused(block, r)
                 block.hit_count += 1
                 block.last_access_time = r
+            block.tail_tokens = (len(ins) - 1 - depth) * trace.page_size
             if learner is not None:
                 learner.assign(block)
             touched.append(block)
             parent = block
         for block in reversed(touched):  # deepest first, as the backends free a request
             if block.num_children == 0:
-                push(block)
+                rank(block)
         while len(cache) > capacity_blocks:
-            key, _, stamp, block = heapq.heappop(heap)
-            stale = block_version.get(block.key) != stamp or cache.get(block.key) is not block
-            if stale or block.num_children:
-                continue  # touched, gone, or extended since it was pushed
+            entry = index.pop(0)
+            block = entry[-1]
+            block.entry = None
             del cache[block.key]
-            del block_version[block.key]
-            note_eviction(pol, key)
+            note_eviction(pol, entry[0])
+            forget(pol, block, block.key)
             if learner is not None:
                 learner.evicted(block, block.key)
             up = block.parent
             if up is not None:
                 up.num_children -= 1
                 if up.num_children == 0 and cache.get(up.key) is up:
-                    push(up)
+                    rank(up)
     return _hits_per_request(trace, out)
