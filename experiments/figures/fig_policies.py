@@ -15,6 +15,9 @@ from prefixcache.experiments.figures.plotting import figure_main, save, write_ma
 from prefixcache.experiments.figures.study_whole_traces import MODEL_POLICIES, POLICY_CAPACITIES, STUDY
 
 TRACES = ("conversation", "synthetic")
+SGLANG = ("lfu", "fifo", "mru", "filo", "priority", "slru")  # and lru, the baseline
+LITERATURE = ("gdsf", "tlru", "wa", "arc", "s3fifo")  # published policies, our implementations
+OURS = ("lrp", "reuse-oracle")
 TABLE_CAPACITIES = (1_000_000, 3_000_000, 10_000_000)
 SHOWN_FLOOR = -1.0  # gap closed below -100% (filo, mru) is drawn at the floor
 
@@ -66,13 +69,16 @@ def make(results: Path, paper: Path) -> list[Path]:
     held_out = gap_closed(half_rates(results, "second"))
     policies = [p for p in MODEL_POLICIES if p in gap.columns]
     fig, axes = plt.subplots(1, 2, figsize=(6.8, 2.7), sharey=True)
+    palette = plt.get_cmap("tab20").colors
+    colour = {p: palette[i % len(palette)] for i, p in enumerate(x for x in policies if x not in OURS)}
+    colour.update({"lrp": "black", "reuse-oracle": "0.4"})
     for ax, trace in zip(axes, TRACES, strict=True):
         g = gap.loc[trace]
         for policy in policies:
-            ours = policy in ("lrp", "reuse-oracle")
+            ours = policy in OURS
+            style = "--" if policy == "reuse-oracle" else "-." if policy in LITERATURE else "-"
             ax.plot(g.index / 1e6, (g[policy].clip(lower=SHOWN_FLOOR)) * 100, marker="o", ms=3,
-                    lw=1.8 if ours else 0.9, ls="--" if policy == "reuse-oracle" else "-",
-                    color={"lrp": "black", "reuse-oracle": "0.4"}.get(policy), label=policy)
+                    lw=1.8 if ours else 0.9, ls=style, color=colour[policy], label=policy)
         ax.axhline(0, color="black", lw=0.6)
         ax.set_xlim(0.8, 12)  # fixed: a tiny prefix has no gap, hence no point to scale to
         ax.set_xscale("log")
@@ -92,13 +98,18 @@ def make(results: Path, paper: Path) -> list[Path]:
     rows.append(["lrp, 2nd half", *[cell(held_out, t, c, "lrp") for t in TRACES for c in TABLE_CAPACITIES]])
     header = ["Policy"] + [f"{t[:3]}.\\ {c // 10**6}M" for t in TRACES for c in TABLE_CAPACITIES]
     caption = ("Percent of the LRU$\\to$Belady gap each policy closes on the whole Mooncake traces "
-               "(block model, C2; negative: worse than LRU). \\emph{lrp} is ours (online); "
+               "(block model, C2; negative: worse than LRU). SGLang's policies first, then wlfu "
+               "(ours, SGLang's vocabulary), GDSF, tail-optimized LRU, workload-aware, ARC and "
+               "S3-FIFO. \\emph{lrp} is ours (online); "
                "\\emph{reuse-oracle} knows whether a block is reused, not when (offline). "
                "The last row: \\emph{lrp} on the held-out second half of each trace.")
     out.append(write_table_tex(paper, "policies", header, rows, "l" + "r" * (len(header) - 1), caption,
                                "tab:policies"))
     lrp, oracle = gap["lrp"], gap["reuse-oracle"]
-    zoo = gap[[p for p in policies if p not in ("lrp", "reuse-oracle")]]
+    zoo = gap[[p for p in policies if p in SGLANG]]
+    literature = gap[[p for p in policies if p in LITERATURE]]
+    stacked = literature.stack().dropna()  # a tiny trace prefix has no gap: all NaN
+    best_where = stacked.idxmax() if len(stacked) else ("--", 0, "--")  # (trace, capacity, policy)
     values = {
         "polLrpConvThreeM": percent(lrp.loc[("conversation", 3_000_000)]),
         "polLrpSynThreeM": percent(lrp.loc[("synthetic", 3_000_000)]),
@@ -107,6 +118,14 @@ def make(results: Path, paper: Path) -> list[Path]:
         "polLrpHeldOutMin": percent(held_out["lrp"].min()),
         "polLrpHeldOutMax": percent(held_out["lrp"].max()),
         "polZooBest": percent(zoo.max().max()),
+        "polLitBest": percent(literature.max().max()),
+        "polLitBestName": best_where[2],
+        "polLitBestTrace": best_where[0],
+        "polLitBestCap": f"{best_where[1] // 10**6}M",
+        "polSfifoConvOneM": percent(gap.loc[("conversation", 1_000_000), "s3fifo"]),
+        "polSfifoConvTenM": percent(gap.loc[("conversation", 10_000_000), "s3fifo"]),
+        "polArcMin": percent(gap["arc"].min()),
+        "polArcMax": percent(gap["arc"].max()),
         "polOracleSynOneM": percent(oracle.loc[("synthetic", 1_000_000)]),
         "polOracleConvOneM": percent(oracle.loc[("conversation", 1_000_000)]),
     }
