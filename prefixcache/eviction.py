@@ -258,8 +258,9 @@ class ARC:
 
     Both designs apply it to what they may evict (free cached leaves, radix leaves), so |T1|
     and |T2| count evictable entries, not every cached one as in ARC; ghosts hold up to
-    ``capacity`` content ids each (block hashes in hashchain, (parent node, first page,
-    length) in radix: a re-inserted edge split differently is a stranger)."""
+    ``capacity`` content ids each (block hashes in hashchain, (parent node, first page) in
+    radix: the branch an edge hangs from, which a returning prefix takes again whatever its
+    length)."""
 
     segmented = True
 

@@ -130,9 +130,11 @@ def test_s3fifo_in_radix_reinserted_content_goes_to_main() -> None:
     tree = RadixCache(1, eviction_policy="s3fifo", clock=clock, capacity=16)
     tree.insert(RadixKey([3, 3]), np.arange(2))
     tree.evict(2)
-    tree.insert(RadixKey([3, 3]), np.arange(2))  # same parent, first token, length: a ghost hit
-    (leaf,) = tree.evictable_leaves()
+    tree.insert(RadixKey([3, 3, 4, 4]), np.arange(4))  # a longer edge on the same branch:
+    (leaf,) = tree.evictable_leaves()  # the next turn of what was evicted, a ghost hit
     assert leaf.ghost_hit and tree.policy.priority(leaf)[0] == 1
+    tree.insert(RadixKey([5, 5]), np.arange(2))  # another branch of the root: a stranger
+    assert [n.ghost_hit for n in tree.evictable_leaves() if n.key.token_ids[0] == 5] == [False]
 
 
 # ------------------------------------------------------------------ tail-optimized LRU

@@ -290,10 +290,11 @@ class RadixCache:
         self._update_leaf_status(parent)
 
     def _content_id(self, leaf: TreeNode) -> tuple:
-        """What a ghost remembers an edge by (arc, s3fifo): its parent, first page and length.
-        O(1); an edge re-inserted under the same parent with the same split is recognised."""
+        """What a ghost remembers an edge by (arc, s3fifo): its parent and first page, the branch
+        it hangs from (siblings never share one). Not its length: a conversation's next turn
+        re-inserts a longer edge on the same branch, and that is the content coming back."""
         assert leaf.parent is not None
-        return (leaf.parent.id, leaf.key.child_key(self.page_size), len(leaf.key))
+        return (leaf.parent.id, leaf.key.child_key(self.page_size))
 
     def _is_evictable_leaf(self, node: TreeNode) -> bool:
         return not node.evicted and node.lock_ref == 0 and not node.children and node is not self.root_node
