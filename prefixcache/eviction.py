@@ -280,7 +280,7 @@ class ARC:
             self.p = min(float(self.capacity), self.p + max(b2 / b1, 1.0))
             entry.ghost_hit = True
         elif self.b2.take(content_id):
-            self.p = max(0.0, self.p - max(b1 / max(b2, 1), 1.0))
+            self.p = max(0.0, self.p - max(b1 / b2, 1.0))  # b2 >= 1: it held the id
             entry.ghost_hit = True
         else:
             entry.ghost_hit = False

@@ -84,3 +84,17 @@ def test_unknown_policy_is_a_clear_error() -> None:
     trace, _, _ = random_trace(0)
     with pytest.raises(ValueError, match="valid: lru"):
         eviction_model.policy_hits(trace, 4, "clock")
+
+
+def test_model_tlru_keeps_the_blocks_a_next_turn_needs() -> None:
+    """512-token blocks, tlru's default slack of 1024 tokens. A (4 blocks), then B, C, D (one
+    each) through a 4-block cache, then A again. Each of B, C, D forces one eviction. LRU takes
+    A's blocks from the end (a4, a3, a2). tlru takes a4 and a3 too: at most 1024 tokens end
+    there. a2 has 1536 after its start, so tlru takes B's block instead."""
+    page = 512
+    a = list(range(4 * page + 1))
+    singles = [[10**6 + i] * page + [0] for i in range(3)]
+    trace = bounds.block_trace([a, *singles, a], page)
+    lru = eviction_model.policy_hits(trace, 4, "lru")
+    tlru = eviction_model.policy_hits(trace, 4, "tlru")
+    assert (lru[-1], tlru[-1]) == (page, 2 * page)

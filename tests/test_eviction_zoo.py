@@ -137,6 +137,20 @@ def test_s3fifo_in_radix_reinserted_content_goes_to_main() -> None:
     assert [n.ghost_hit for n in tree.evictable_leaves() if n.key.token_ids[0] == 5] == [False]
 
 
+def test_a_radix_split_hands_its_upper_part_the_policy_fields() -> None:
+    """The upper part of a split edge is what becomes a leaf when the lower part goes: it keeps
+    the edge's ghost hit (its segment) and counts the lower part in its tail."""
+    clock = itertools.count(1).__next__
+    tree = RadixCache(1, eviction_policy="s3fifo", clock=clock, capacity=16)
+    tree.insert(RadixKey([3, 3]), np.arange(2))
+    tree.evict(2)
+    tree.insert(RadixKey([3, 3, 4, 4, 5, 5]), np.arange(6))  # a ghost hit, tail 0
+    tree.match_prefix(RadixKey([3, 3, 4, 9]))  # splits it after [3, 3, 4]
+    upper = tree.root_node.children[3]
+    assert len(upper.key) == 3 and upper.ghost_hit and upper.tail_tokens == 3
+    tree.check()
+
+
 # ------------------------------------------------------------------ tail-optimized LRU
 def test_tlru_evicts_excess_before_older_entries() -> None:
     tlru = TailOptimizedLRU(slack=8)
