@@ -2,7 +2,7 @@
 NSDI'20) in the block model of ``eviction_model.py``, as the strongest learned baseline.
 
 At each eviction round, sample max(64, 2 x needed) evictable leaves, predict for each the log of
-the requests until its next lookup (capped at WINDOW) with a gradient-boosted regressor, and evict
+the requests until its next lookup (capped at ``--window``) with a gradient-boosted regressor, and evict
 the ones predicted furthest. Features are online only: the block's age, lifetime, touches,
 previous reuse gap, depth and blocks after it in its last request; that request's hit fraction
 against all history and against the cache, prompt and output tokens, blocks, and the gap since
@@ -11,39 +11,39 @@ the trace; round 0 samples under age (sampled LRU), later rounds under the previ
 
 - ``insample``: trained on rows from the whole trace it is scored on (it sees the labels of its
   own test: an optimistic ceiling for this feature set, not a policy);
-- ``half``: trained only on rows before the middle minus WINDOW (labels censored there), scored
+- ``half``: trained only on rows before the middle minus ``--window`` (labels censored there), scored
   on the second half: the honest number.
 
 Needs scikit-learn, which the project does not install:
 
     pip install scikit-learn
-    python -m prefixcache.experiments.analysis.learned_eviction mooncake-conversation 3000000 half 3 2000
+    python -m prefixcache.experiments.analysis.learned_eviction mooncake-conversation 3000000 half \
+        --rounds 3 --window 2000
 """
 from __future__ import annotations
 
+import argparse
 import bisect
 import random
-import sys
 import time
-from collections import defaultdict
 
 import numpy as np
 from prefixcache.experiments.analysis import bounds
+from prefixcache.experiments.analysis.eviction_model import ReuseOracle
 from prefixcache.experiments.analysis.metrics import block_id_hit_rates, block_id_trace
 from prefixcache.experiments.figures.common import MOONCAKE_TRACES
 from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, read_mooncake
 
 NEVER = 1 << 40
-WINDOW = int(sys.argv[5]) if len(sys.argv) > 5 else 2000
 
 
 class B:  # an evictable-tree block
     __slots__ = ("key", "parent", "kids", "last", "prev", "born", "hits", "depth", "tail", "req", "pos")
 
 
-def run(trace, records, cap, predictor, uses, rng, collect=None):
-    """predictor(features ndarray) -> predicted log remaining time (evict largest)."""
-    len(trace.lookups)
+def run(trace, records, cap, predictor, uses, rng, window, collect=None):
+    """Hit tokens per request; ``predictor(features)`` -> predicted log remaining time (the
+    largest go). ``collect``: (list, share of rounds) to append (request, features, labels) to."""
     cache: dict[int, B] = {}
     leaves: list[B] = []
     seen_touch: dict[int, int] = {}
@@ -110,7 +110,7 @@ def run(trace, records, cap, predictor, uses, rng, collect=None):
                     lst = uses.get(b.key, ())
                     i = bisect.bisect_right(lst, r)
                     nxt = lst[i] if i < len(lst) else NEVER
-                    ys.append(np.log1p(min(nxt - r, WINDOW)))
+                    ys.append(np.log1p(min(nxt - r, window)))
                 collect[0].append((r, x, np.asarray(ys)))
             order = np.argsort(-pred)[:need]
             for j in order:
@@ -130,18 +130,19 @@ def run(trace, records, cap, predictor, uses, rng, collect=None):
 def main() -> None:
     from sklearn.ensemble import HistGradientBoostingRegressor  # type: ignore[import-not-found]
 
-    source = sys.argv[1]
-    caps = [int(c) for c in sys.argv[2].split(",")]
-    mode = sys.argv[3]  # insample | half
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", choices=sorted(MOONCAKE_TRACES))
+    parser.add_argument("capacities", help="tokens, comma-separated")
+    parser.add_argument("mode", choices=["insample", "half"])
+    parser.add_argument("--rounds", type=int, default=2, help="training rounds after sampled LRU")
+    parser.add_argument("--window", type=int, default=2000, help="label cap, in requests")
+    args = parser.parse_args()
+    source, mode, window = args.source, args.mode, args.window
     records = read_mooncake(MOONCAKE_TRACES[source])
     trace = block_id_trace(records, "C2")
-    n = len(records)
-    mid = n // 2
-    uses = defaultdict(list)
-    for r, look in enumerate(trace.lookups):
-        for key in look:
-            uses[key].append(r)
-    for cap_t in caps:
+    mid = len(records) // 2
+    uses = ReuseOracle(trace).uses  # key -> requests that look it up, ascending
+    for cap_t in (int(c) for c in args.capacities.split(",")):
         cap = cap_t // MOONCAKE_BLOCK
         lru = bounds.lru_hits(trace, cap)
         bel = bounds.belady_hits(trace, cap)
@@ -154,16 +155,17 @@ def main() -> None:
         def age(x):
             return x[:, 0]
         data = []
-        h0 = run(trace, records, cap, age, uses, rng, (data, 0.3))
+        h0 = run(trace, records, cap, age, uses, rng, window, (data, 0.3))
         r0 = rate(h0)
-        model = None
-        for it in range(int(sys.argv[4]) if len(sys.argv) > 4 else 2):
-            use = [d for d in data if mode != "half" or d[0] < mid - WINDOW]
+        for it in range(args.rounds):
+            use = [d for d in data if mode != "half" or d[0] < mid - window]
+            if not use:
+                parser.error(f"no training rows before request {mid - window}: lower --window")
             xs = np.concatenate([d[1] for d in use])
             ys = np.concatenate([d[2] for d in use])
             model = HistGradientBoostingRegressor(max_iter=150, random_state=0).fit(xs, ys)
             new = []
-            h = run(trace, records, cap, model.predict, uses, random.Random(it + 1), (new, 0.3))
+            h = run(trace, records, cap, model.predict, uses, random.Random(it + 1), window, (new, 0.3))
             data.extend(new)
             ri = rate(h)
             print(f"{source} {cap_t/1e6:.0f}M {mode} it{it}: lru {rl:.4f} bel {rb:.4f} sampled-lru {r0:.4f} "
