@@ -72,25 +72,30 @@ def test_match_across_namespaces_raises_valueerror() -> None:
         RadixKey([1, 2]).match(RadixKey([1, 2], extra_key="b"))
 
 
-@pytest.mark.parametrize("diverge_at", [0, 1, 2, 3, 1000, 65_535, 65_536, None])
-def test_match_gallops_with_logarithmically_many_slice_compares(monkeypatch, diverge_at: int | None) -> None:
-    n = 1 << 16
+@pytest.mark.parametrize("n", [1, 2, 4095, 4096, 4097, 1 << 16])
+@pytest.mark.parametrize("where", ["first", "second", "middle", "last", "none", "shorter"])
+def test_common_prefix_length_is_exact_on_both_sides_of_the_bytes_threshold(n: int, where: str) -> None:
+    """Up to 4096 tokens a byte compare settles equal runs; past it (or on a difference) one
+    elementwise compare: both must find the first difference exactly."""
     a = np.arange(n, dtype=np.int64)
     b = a.copy()
-    if diverge_at is not None and diverge_at < n:
-        b[diverge_at] = -1
-    calls = 0
-    real = key_module._same
+    at = {"first": 0, "second": 1, "middle": n // 2, "last": n - 1}.get(where)
+    if at is not None and at < n:
+        b[at] = -1
+    if where == "shorter":
+        b = b[: n // 2]
+    expected = at if at is not None and at < n else len(b)
+    assert key_module.common_prefix_length(a, b) == expected
+    assert key_module.common_prefix_length(b, a) == expected
+    assert RadixKey(a).match(RadixKey(b)) == expected
+    assert RadixKey(a).match(RadixKey(b), page_size=16) == expected // 16 * 16
 
-    def counting(x, y):  # type: ignore[no-untyped-def]
-        nonlocal calls
-        calls += 1
-        return real(x, y)
 
-    monkeypatch.setattr(key_module, "_same", counting)
-    got = RadixKey(a).match(RadixKey(b))
-    assert got == (n if diverge_at is None or diverge_at >= n else diverge_at)
-    assert calls <= 2 * 17 + 2, f"{calls} slice compares for {n} tokens: not galloping"
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
+def test_common_prefix_length_equals_a_token_loop(x: list[int], y: list[int]) -> None:
+    expected = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+    a, b = np.array(x, dtype=np.int64), np.array(y, dtype=np.int64)
+    assert key_module.common_prefix_length(a, b) == expected
 
 
 def test_child_key_is_first_token_or_first_page_wrapped_in_namespace() -> None:

@@ -23,16 +23,24 @@ TokenArray = npt.NDArray[np.int64]
 SlotArray = npt.NDArray[np.int64]
 ChildKey = Hashable
 
-# Below this many tokens, comparing raw bytes beats np.array_equal's fixed call overhead (~1.5us);
-# above it, array_equal avoids copying both slices.
+# Up to this many tokens, comparing raw bytes settles the common case (the whole overlap
+# equal) fastest; past it, or once they differ, one elementwise compare finds the first
+# difference (make bench: experiments/bench/radix_match.py).
 _BYTES_COMPARE_MAX = 4096
 
 
-def _same(x: TokenArray, y: TokenArray) -> bool:
-    """Whether two equal-length token runs are equal: one C-level comparison, no Python loop."""
-    if len(x) <= _BYTES_COMPARE_MAX:
-        return x.tobytes() == y.tobytes()
-    return bool(np.array_equal(x, y))
+def common_prefix_length(a: TokenArray, b: TokenArray) -> int:
+    """How many leading tokens ``a`` and ``b`` share: at most two C-level passes over the
+    overlap, whatever its length."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x, y = a[:n], b[:n]
+    if n <= _BYTES_COMPARE_MAX and x.tobytes() == y.tobytes():
+        return n
+    differs = x != y
+    first = int(differs.argmax())
+    return first if differs[first] else n
 
 
 class RadixKey:
@@ -122,9 +130,8 @@ class RadixKey:
     def match(self, other: RadixKey, page_size: int = 1) -> int:
         """Length of the common prefix with ``other``, rounded down to whole pages.
 
-        Galloping: compare windows of 1, 2, 4, 8 ... tokens, each as one slice comparison, then
-        binary-search inside the first window that differs. About 2n tokens compared in the
-        worst case and O(log n) numpy calls, never one Python step per token.
+        One vectorised comparison of the overlap (``common_prefix_length``), never a Python
+        step per token.
         """
         if self.extra_key != other.extra_key:
             raise ValueError(
@@ -132,21 +139,7 @@ class RadixKey:
             )
         if self.is_bigram != other.is_bigram:
             raise ValueError("RadixKey.match of a bigram key with a plain one (is_bigram differs)")
-        a, b = self.token_ids, other.token_ids
-        n = min(len(a), len(b))
-        lo, width = 0, 1  # invariant: a[:lo] == b[:lo]
-        while lo < n:
-            hi = min(lo + width, n)
-            if not _same(a[lo:hi], b[lo:hi]):
-                # the first difference lies in [lo, hi): halve until one token is left
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if _same(a[lo:mid], b[lo:mid]):
-                        lo = mid
-                    else:
-                        hi = mid
-                break
-            lo, width = hi, width * 2
+        lo = common_prefix_length(self.token_ids, other.token_ids)
         if self.is_bigram:  # m equal raw tokens hold m - 1 equal bigrams
             lo = max(0, lo - 1)
         return lo // page_size * page_size
