@@ -170,6 +170,15 @@ class Engine:
             if self._loading and not self._load_done(req):
                 i += 1  # its KV is still coming from the host: nothing to compute yet
                 continue
+            if req.request_id not in self._in_prefill:  # decoding: the run of decodes from here
+                batch = self._decode_run(i, budget)
+                done = self._allocate_batch(batch)
+                scheduled.extend((r, 1) for r in batch[:done])
+                budget -= done
+                i += done
+                if done == len(batch):
+                    continue
+                req = batch[done]  # no room for its step: preempt, as below
             start = req.num_computed_tokens
             n = min(req.num_tokens - start, budget)
             if req.request_id in self._in_prefill:  # a decode step is one token: nothing to cut
@@ -251,15 +260,15 @@ class Engine:
     def _execute(self, scheduled: list[tuple[Request, int]]) -> None:
         next_tokens = self._run_model(scheduled) if self.model is not None else None
         prefill = decode = 0
+        in_prefill, records = self._in_prefill, self.records
         for req, n in scheduled:
-            rec = self.records[req.request_id]
-            if req.request_id in self._in_prefill:
+            if req.request_id in in_prefill:
                 prefill += n
-                rec.computed_prefill_tokens += n
+                records[req.request_id].computed_prefill_tokens += n
             else:
                 decode += n
             req.num_computed_tokens += n
-            self._timed(req, self.cache.commit)
+        self._timed_batch([req for req, _ in scheduled], self.cache.commit_batch)
         end = self.clock + self.cost_model.step_time(prefill, decode)  # times: at the end of the step
         if self._overlapped_load_end > end:
             self.load_wait_s += self._overlapped_load_end - end
@@ -342,6 +351,40 @@ class Engine:
         for req in self.arrivals.pop_arrived(self.clock):
             self.cache.enqueue(req)  # SGLang starts its L3 prefetch as a request is queued
             self.waiting.append(req)
+
+    def _decode_run(self, start: int, budget: int) -> list[Request]:
+        """The running requests from ``start`` on that decode this step (one token each,
+        within ``budget``), up to the first that prefills: one ``allocate_batch``, in the
+        running order that one-by-one allocation would follow."""
+        running, in_prefill = self.running, self._in_prefill
+        end = min(len(running), start + budget)
+        k = start
+        while k < end and running[k].request_id not in in_prefill:
+            k += 1
+        return running[start:k]
+
+    def _allocate_batch(self, batch: list[Request]) -> int:
+        """``cache.allocate_batch(batch, 1)``; each request's record is charged what its step
+        evicted. Returns how many got their room."""
+        result = self._timed_batch(batch, self.cache.allocate_batch, 1)
+        for index, tokens in result.evicted:
+            self.records[batch[index].request_id].evicted_tokens += tokens
+        return int(result.done)
+
+    def _timed_batch(self, reqs: list[Request], op: Any, *args: Any) -> Any:
+        """``op(reqs, *args)``, its wall time split evenly over ``reqs``' records: one pair of
+        clock reads per batch, not per request."""
+        if not reqs:
+            return op(reqs, *args)
+        t0 = time.perf_counter_ns()
+        try:
+            return op(reqs, *args)
+        finally:
+            share, extra = divmod(time.perf_counter_ns() - t0, len(reqs))
+            records = self.records
+            for req in reqs:
+                records[req.request_id].cache_op_ns += share
+            records[reqs[0].request_id].cache_op_ns += extra
 
     def _timed(self, req: Request, op: Any, *args: Any) -> Any:
         """``op(*args)`` (``req`` when none), its wall time charged to ``req``'s record."""

@@ -19,6 +19,7 @@ backend's ``_hooks`` return what the base needs. Backends only add their index.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
@@ -154,6 +155,14 @@ class Match:
         return False
 
 
+class BatchAllocation(NamedTuple):
+    """What ``allocate_batch`` did: the leading ``done`` requests got their room; ``evicted``
+    names, by index in the batch, each whose step evicted cached tokens, and how many."""
+
+    done: int
+    evicted: tuple[tuple[int, int], ...]
+
+
 @dataclass(slots=True, eq=False)
 class LiveRequest(Generic[S]):
     """The one record of a live request: the request, the tokens it has room for, and the
@@ -184,6 +193,7 @@ class PrefixCache(ABC, Generic[S]):
         self.page_size = config.page_size
         self.stats = CacheStats()
         self._live: dict[str, LiveRequest[S]] = {}
+        self._fit_limit: int | None = None  # _largest_fit(), once the backend is built
 
     # ---------------------------------------------------------------- the contract
     def lookup(self, req: Request) -> Match:
@@ -219,14 +229,7 @@ class PrefixCache(ABC, Generic[S]):
         if live is not None and live.request is req:
             if match is not None:
                 raise ValueError(f"a match is for the first allocate only; {req.request_id!r} is live")
-            total = req.num_computed_tokens + num_new_tokens
-            if total <= live.reserved:
-                return True  # already room (and, below the reservation, nothing new to cache)
-            self._check_fits(req, total)
-            if not self._extend(req, live.state, total):
-                return False
-            live.reserved = total
-            return True
+            return self.allocate_batch((req,), num_new_tokens).done == 1  # a batch of one
         self._check_request(req)
         match = self._match(req) if match is None else self._current(req, match)
         if match.pending:
@@ -243,6 +246,55 @@ class PrefixCache(ABC, Generic[S]):
         self.stats.record(req, match.tokens, match.host_tokens)
         self._live[req.request_id] = LiveRequest(req, total, state, match.host_tokens)
         return True
+
+    def allocate_batch(self, reqs: Sequence[Request], num_new_tokens: int = 1) -> BatchAllocation:
+        """``allocate(req, num_new_tokens)`` for each live request of ``reqs``, in order, as one
+        call (a decode step's batch: SGLang allocates ``out_cache_loc`` for the batch at once,
+        vLLM's scheduler allocates its running requests in schedule order). Stops at the first
+        request there is no room for, whose state is then unchanged (as a False ``allocate``);
+        returns how many got their room and which of them evicted cached KV for it. Every
+        request is checked first (live, reservation within its known tokens and the pool): on
+        a ValueError nothing has changed.
+
+        The per-request ``allocate`` of a live request is this with one request; a backend's
+        ``_extend_batch`` may take requests whose step changes only counters without calling
+        into its index, but must leave exactly the state the calls one by one would."""
+        if type(num_new_tokens) is not int or num_new_tokens < 1:
+            _check_count("num_new_tokens", num_new_tokens, minimum=1)
+        records = []
+        fit = self._fit_limit
+        if fit is None:
+            fit = self._fit_limit = self._largest_fit()
+        for req in reqs:
+            live = self._live.get(req.request_id)
+            if live is None or live.request is not req:
+                self._live_record(req, "allocate_batch")  # not live: that error
+            total = req.num_computed_tokens + num_new_tokens
+            if total > live.reserved and (total > fit or total > req.num_tokens):  # type: ignore[union-attr]
+                self._check_fits(req, total)  # raises
+            records.append(live)
+        evicted: list[tuple[int, int]] = []
+        done = self._extend_batch(records, num_new_tokens, evicted)  # type: ignore[arg-type]
+        return BatchAllocation(done, tuple(evicted))
+
+    def commit_batch(self, reqs: Sequence[Request]) -> None:
+        """``commit(req)`` for each of ``reqs``, in order (the step's batch; ``commit`` is a
+        batch of one). Every request is checked before any is committed."""
+        records = [self._live_record(req, "commit") for req in reqs]
+        for live in records:
+            req = live.request
+            if not 0 <= req.num_computed_tokens <= live.reserved:
+                raise ValueError(
+                    f"commit of {req.request_id!r} at num_computed_tokens={req.num_computed_tokens} "
+                    f"beyond the {live.reserved} tokens allocated to it"
+                )
+            if req.num_computed_tokens > req.num_tokens:
+                raise ValueError(
+                    f"commit of {req.request_id!r}: num_computed_tokens={req.num_computed_tokens} "
+                    f"exceeds its {req.num_tokens} tokens"
+                )
+        for live in records:
+            self._commit(live.request, live.state)
 
     def revalidate(self, match: Match) -> Match:
         """``match`` as it holds now: itself if the index has not changed since it was taken,
@@ -282,18 +334,7 @@ class PrefixCache(ABC, Generic[S]):
 
     def commit(self, req: Request) -> None:
         """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it."""
-        live = self._live_record(req, "commit")
-        if not 0 <= req.num_computed_tokens <= live.reserved:
-            raise ValueError(
-                f"commit of {req.request_id!r} at num_computed_tokens={req.num_computed_tokens} "
-                f"beyond the {live.reserved} tokens allocated to it"
-            )
-        if req.num_computed_tokens > req.num_tokens:
-            raise ValueError(
-                f"commit of {req.request_id!r}: num_computed_tokens={req.num_computed_tokens} "
-                f"exceeds its {req.num_tokens} tokens"
-            )
-        self._commit(req, live.state)
+        self.commit_batch((req,))
 
     def release(self, req: Request) -> None:
         """Finished or preempted: unpin; KV of its computed tokens stays as cache.
@@ -472,6 +513,35 @@ class PrefixCache(ABC, Generic[S]):
     def _extend(self, req: Request, state: S, total_tokens: int) -> bool:
         """Grow the live request's room to ``total_tokens`` tokens; False (nothing changed) if short."""
 
+    def _extend_batch(
+        self, records: list[LiveRequest[S]], num_new_tokens: int, evicted: list[tuple[int, int]]
+    ) -> int:
+        """``allocate_batch`` on checked live records: ``_extend`` for each whose reservation
+        grows, in order, to the first that has no room; returns how many got theirs and
+        appends (index, tokens) to ``evicted`` for each whose step evicted. Backends override
+        it with the steps they can take without their index (one form: the per-request
+        allocate comes through here too), and call ``_extend_one`` for the rest."""
+        for done, live in enumerate(records):
+            if not self._extend_one(done, live, num_new_tokens, evicted):
+                return done
+        return len(records)
+
+    def _extend_one(
+        self, index: int, live: LiveRequest[S], num_new_tokens: int, evicted: list[tuple[int, int]]
+    ) -> bool:
+        """One request of a batch through ``_extend`` (its evictions noted); False: no room."""
+        req = live.request
+        total = req.num_computed_tokens + num_new_tokens
+        if total <= live.reserved:
+            return True  # already room (and, below the reservation, nothing new to cache)
+        before = self.stats.evicted_tokens
+        if not self._extend(req, live.state, total):
+            return False
+        live.reserved = total
+        if self.stats.evicted_tokens != before:
+            evicted.append((index, self.stats.evicted_tokens - before))
+        return True
+
     def _decode_steps_in_place(self, req: Request, state: S) -> int:
         """``decode_steps_in_place`` for a decoding live request; 0 unless the backend knows."""
         return 0
@@ -532,6 +602,24 @@ class PrefixCache(ABC, Generic[S]):
                 f"request {req.request_id!r} needs {total_tokens} tokens ({need} pages{self._layout_note()}) "
                 f"but the whole cache holds {usable * p} ({usable} usable pages of {p})"
             )
+
+    def _largest_fit(self) -> int:
+        """The most tokens one request can hold at once (``_check_fits``' pool bound, found
+        once by doubling and bisection: ``_min_pages_to_fit`` grows with the tokens and the pool's usable
+        pages are fixed for a cache's life)."""
+        usable = self.num_usable_pages()
+        lo, hi = 0, 1
+        while self._min_pages_to_fit(hi) <= usable:
+            if hi >= 1 << 62:  # windows only: a request of any length fits
+                return hi
+            lo, hi = hi, 2 * hi
+        while hi - lo > 1:  # _min_pages_to_fit(lo) fits, (hi) does not
+            mid = (lo + hi) // 2
+            if self._min_pages_to_fit(mid) <= usable:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _min_pages_to_fit(self, num_tokens: int) -> int:
         """The fewest pages a request of ``num_tokens`` tokens holds at once."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from prefixcache.backends.hashchain.hashing import get_hash_fn, group_id_suffix
-from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks
+from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks, UnitaryKVCacheCoordinator
 from prefixcache.backends.hashchain.kv_cache_manager import KVCacheManager
 from prefixcache.backends.hashchain.kv_cache_planning import (
     hybrid_block_size,
@@ -24,7 +24,7 @@ from prefixcache.backends.hashchain.offload.tier import DelayedCachingKVCacheMan
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import AttentionGroupSpec
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import KVGroup, Match, PageUsage, PrefixCache, ensure
+from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, PrefixCache, ensure
 from prefixcache.request import Request
 from prefixcache.tiers import HostTierConfig
 
@@ -266,6 +266,29 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         ok = self.manager.allocate_slots(req, num_new_tokens) is not None
         self._sync_evictions()
         return ok
+
+    def _extend_batch(
+        self, records: list[LiveRequest[KVCacheBlocks]], num_new_tokens: int, evicted: list[tuple[int, int]]
+    ) -> int:
+        """A batch as ``_extend`` one request after another would run it, with the steps that
+        vLLM's ``allocate_slots`` returns from at once (one group, no tier: the request holds
+        the slots and no block fills) taken without a call into the manager."""
+        coordinator = self.manager.coordinator
+        if self.offload is not None or not isinstance(coordinator, UnitaryKVCacheCoordinator):
+            return super()._extend_batch(records, num_new_tokens, evicted)
+        in_place = coordinator.extends_in_place
+        for done, live in enumerate(records):
+            req = live.request
+            total = req.num_computed_tokens + num_new_tokens
+            if total <= live.reserved:
+                continue
+            if in_place(req.request_id, total, min(total, req.num_tokens)):
+                self.block_pool.event_request = req  # as _extend leaves it
+                live.reserved = total
+                continue
+            if not self._extend_one(done, live, num_new_tokens, evicted):
+                return done
+        return len(records)
 
     def _decode_steps_in_place(self, req: Request, state: KVCacheBlocks) -> int:
         if self.offload is not None and self.offload.busy():

@@ -36,7 +36,7 @@ from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import Match, PageUsage, PrefixCache, ensure
+from prefixcache.interface import LiveRequest, Match, PageUsage, PrefixCache, ensure
 from prefixcache.pool import PageIds, PagePool, PageTable
 from prefixcache.request import Request
 
@@ -255,6 +255,68 @@ class RadixPrefixCache(PrefixCache[_Live]):
         live.decoding = decoding
         return True
 
+    def _extend_batch(
+        self, records: list[LiveRequest[_Live]], num_new_tokens: int, evicted: list[tuple[int, int]]
+    ) -> int:
+        """A decode batch as ``_extend`` one request after another would run it, with the
+        steps that neither evict nor merge taken without the general path: while a page is
+        free (SGLang's decode then has nothing to evict for) and no merge is due, a step
+        inside the last page only marks the request decoding, and a run of steps that each
+        open a page takes its pages in one ``alloc``, front of the free list first, as the
+        one-by-one allocations would. Anything else goes through ``_extend``."""
+        if num_new_tokens != 1:
+            return super()._extend_batch(records, num_new_tokens, evicted)
+        p, pool = self.page_size, self.pool
+        count = len(records)
+        k = 0
+        while k < count:
+            live = records[k]
+            req, state = live.request, live.state
+            total = req.num_computed_tokens + 1
+            if total <= live.reserved:
+                k += 1
+                continue
+            calm = pool.num_free > 0 and not pool.would_merge(0, 1)
+            if calm and req.num_computed_tokens >= state.prefill_end:  # a decode step
+                held = len(state.pages) * p
+                if total <= held:  # inside the last page: no page, nothing to evict
+                    state.decoding = True
+                    live.reserved = total
+                    k += 1
+                    continue
+                if total == held + 1:  # opens one page: take the run's pages at once
+                    run = self._page_opening_run(records, k, pool.num_ready)  # none merges
+                    pages = pool.alloc(run)
+                    assert pages is not None
+                    for i in range(run):
+                        opened = records[k + i]
+                        opened.state.pages.extend(pages[i : i + 1])
+                        opened.state.decoding = True
+                        opened.reserved += 1
+                    k += run
+                    continue
+            if not self._extend_one(k, live, 1, evicted):
+                return k
+            k += 1
+        return count
+
+    def _page_opening_run(self, records: list[LiveRequest[_Live]], start: int, limit: int) -> int:
+        """How many records from ``start`` on (at most ``limit``: the pages ready in the free
+        list, so no allocation of the run evicts or merges) are decode steps that each open
+        exactly one new page (at least 1: ``start`` is one)."""
+        p, end = self.page_size, min(len(records), start + limit)
+        k = start + 1
+        while k < end:
+            live = records[k]
+            req, state = live.request, live.state
+            total = req.num_computed_tokens + 1
+            if total <= live.reserved or req.num_computed_tokens < state.prefill_end:
+                break
+            if total != len(state.pages) * p + 1:
+                break
+            k += 1
+        return k - start
+
     def _decode_steps_in_place(self, req: Request, state: _Live) -> int:
         """A decode step inside the last page takes no page; it changes nothing when, as
         SGLang's alloc_decode, it has no tokens to evict for (a free page) and no staged pages
@@ -280,13 +342,14 @@ class RadixPrefixCache(PrefixCache[_Live]):
         key = raw.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(p)
         aligned = len(key)  # tokens (EAGLE: bigrams, one fewer than the raw tokens) whose KV goes in
         own = self._slots(live.pages[: aligned // p])
-        cached = self.tree.insert(key, own, hit_from=live.hits_counted)
+        # The request's locked node lies on its key's path: both walks follow links down to it.
+        cached, end = self.tree.insert_ending_at(key, own, hit_from=live.hits_counted, along=live.last_node)
         live.hits_counted = max(live.hits_counted, aligned)
         prompt = len(raw[: req.num_prompt_tokens].maybe_to_bigram_view(self.is_eagle)[0]) // p * p
         if 0 < prompt < aligned:
             self.tree.insert(key[:prompt], own[:prompt], priority=1, hit_from=prompt)
         duplicates = live.pages[live.protected // p : cached // p]
-        match = self.tree.match_prefix(key)
+        match = self.tree.match_prefix(key, along=end)
         assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"
         # Re-point at the tree's pages first; only then free our duplicate copies.
         live.pages[live.protected // p : aligned // p] = self._pages_of(match.indices[live.protected :])

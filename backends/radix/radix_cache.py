@@ -95,9 +95,13 @@ class RadixCache:
         return total
 
     # ------------------------------------------------------------------ match / insert
-    def match_prefix(self, key: RadixKey) -> MatchResult:
+    def match_prefix(self, key: RadixKey, along: TreeNode | None = None) -> MatchResult:
         """Longest cached whole-page prefix of ``key``. Stamps access times on every visited
-        node, splits a node where the match ends inside it; never locks, never counts a hit."""
+        node, splits a node where the match ends inside it; never locks, never counts a hit.
+
+        along: a node the caller knows lies on ``key``'s path (its root-to-node tokens are a
+        prefix of ``key``: a request's own locked node): the walk down to it follows parent
+        links instead of comparing tokens, with the same stamps in the same order."""
         key, _ = key.maybe_to_bigram_view(self.is_eagle)
         key = key.page_aligned(self.page_size)
         if self.disable or len(key) == 0:
@@ -107,6 +111,14 @@ class RadixCache:
         node.last_access_time = now
         values: list[SlotArray] = []
         pos = 0
+        if along is not None:
+            for child in self._path_from_root(along, len(key)):
+                child.last_access_time = now
+                self._refresh(child)
+                assert child.value is not None
+                values.append(child.value)
+                pos += len(child.key)
+            node = along
         while pos < len(key):
             step = self._descend(node, key, pos, now)
             if step is None:
@@ -137,7 +149,8 @@ class RadixCache:
         return key, value, now
 
     def insert(
-        self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0
+        self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
+        along: TreeNode | None = None,
     ) -> int:
         """Cache ``key`` (page-aligned) with slot indices ``value``; returns the length that was
         already cached (the caller frees its own slots for that range). Never overwrites.
@@ -145,12 +158,32 @@ class RadixCache:
         hit_from: nodes ending at or before this token were already counted for this request
         (a request inserts its growing prefix several times and counts once per node); pass
         len(key) to count nothing.
+        along: as for ``match_prefix``, a node known to lie on ``key``'s path.
         """
+        return self.insert_ending_at(key, value, priority, hit_from, along)[0]
+
+    def insert_ending_at(
+        self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
+        along: TreeNode | None = None,
+    ) -> tuple[int, TreeNode]:
+        """``insert``, and the node the inserted key ends at (the root for an empty key), which
+        a caller's next walk of the same key can pass as ``along``."""
         if self.disable:
-            return 0
+            return 0, self.root_node
         key, value, now = self._begin_insert(key, value, priority)
         node = self.root_node
         pos = 0
+        if along is not None:
+            for child in self._path_from_root(along, len(key)):
+                child.last_access_time = now  # as _descend stamps and re-sorts it
+                self._refresh(child)
+                child.priority = max(child.priority, priority)
+                pos += len(child.key)
+                if pos > hit_from:
+                    child.hit_count += 1
+                child.tail_tokens = len(key) - pos
+                self._refresh(child)
+            node = along
         while pos < len(key):
             step = self._descend(node, key, pos, now)
             if step is None:
@@ -178,7 +211,20 @@ class RadixCache:
             self._update_leaf_status(leaf)
             if self.events is not None:
                 self.events.record_store(leaf)
-        return pos
+            node = leaf
+        return pos, node
+
+    def _path_from_root(self, node: TreeNode, limit: int) -> list[TreeNode]:
+        """The nodes from the root's child down to ``node`` (the root excluded), by parent
+        links; their tokens must not exceed ``limit`` (the key they are a prefix of)."""
+        path = []
+        while node is not self.root_node:
+            assert node.parent is not None, f"{node} is not in this tree"
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        assert sum(len(n.key) for n in path) <= limit, "along: the node's path is longer than the key"
+        return path
 
     def _descend(
         self, node: TreeNode, key: RadixKey, pos: int, now: float
