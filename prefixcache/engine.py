@@ -261,6 +261,7 @@ class Engine:
         next_tokens = self._run_model(scheduled) if self.model is not None else None
         prefill = decode = 0
         in_prefill, records = self._in_prefill, self.records
+        reqs = []
         for req, n in scheduled:
             if req.request_id in in_prefill:
                 prefill += n
@@ -268,7 +269,8 @@ class Engine:
             else:
                 decode += n
             req.num_computed_tokens += n
-        self._timed_batch([req for req, _ in scheduled], self.cache.commit_batch)
+            reqs.append(req)
+        self._timed_batch(reqs, self.cache.commit_batch)
         end = self.clock + self.cost_model.step_time(prefill, decode)  # times: at the end of the step
         if self._overlapped_load_end > end:
             self.load_wait_s += self._overlapped_load_end - end
@@ -276,19 +278,21 @@ class Engine:
         self.clock = end
         self.prefill_tokens += prefill
         self.decode_tokens += decode
-        for idx, (req, _) in enumerate(scheduled):
-            if req.num_computed_tokens < req.num_tokens:
+        step, clock = self.step_count, self.clock
+        for idx, req in enumerate(reqs):
+            num_tokens = req.num_tokens
+            if req.num_computed_tokens < num_tokens:
                 continue  # mid-prefill: no token yet
-            self._in_prefill.discard(req.request_id)
-            rec = self.records[req.request_id]
-            num_output = req.num_output_tokens
+            in_prefill.discard(req.request_id)
+            rec = records[req.request_id]
+            num_output = num_tokens - req.num_prompt_tokens
             if num_output < req.max_new_tokens:
                 token = next_tokens[idx] if next_tokens is not None else self._next_output_token(req)
                 req.append_output_token_ids(token)
                 num_output += 1
                 rec.output_tokens = num_output
                 if rec.first_token_step is None:
-                    rec.first_token_step, rec.first_token_time = self.step_count, self.clock
+                    rec.first_token_step, rec.first_token_time = step, clock
             if num_output >= req.max_new_tokens:
                 self._finish(req)
         self.step_count += 1  # step numbers count from 0, as admission_step does

@@ -280,21 +280,25 @@ class PrefixCache(ABC, Generic[S]):
     def commit_batch(self, reqs: Sequence[Request]) -> None:
         """``commit(req)`` for each of ``reqs``, in order (the step's batch; ``commit`` is a
         batch of one). Every request is checked before any is committed."""
-        records = [self._live_record(req, "commit") for req in reqs]
-        for live in records:
-            req = live.request
-            if not 0 <= req.num_computed_tokens <= live.reserved:
+        records = []
+        live_of = self._live
+        for req in reqs:
+            live = live_of.get(req.request_id)
+            if live is None or live.request is not req:
+                live = self._live_record(req, "commit")  # not live: that error
+            computed = req.num_computed_tokens
+            if not 0 <= computed <= live.reserved:
                 raise ValueError(
-                    f"commit of {req.request_id!r} at num_computed_tokens={req.num_computed_tokens} "
+                    f"commit of {req.request_id!r} at num_computed_tokens={computed} "
                     f"beyond the {live.reserved} tokens allocated to it"
                 )
-            if req.num_computed_tokens > req.num_tokens:
+            if computed > req.num_tokens:
                 raise ValueError(
-                    f"commit of {req.request_id!r}: num_computed_tokens={req.num_computed_tokens} "
+                    f"commit of {req.request_id!r}: num_computed_tokens={computed} "
                     f"exceeds its {req.num_tokens} tokens"
                 )
-        for live in records:
-            self._commit(live.request, live.state)
+            records.append(live)
+        self._commit_batch(records)
 
     def revalidate(self, match: Match) -> Match:
         """``match`` as it holds now: itself if the index has not changed since it was taken,
@@ -541,6 +545,11 @@ class PrefixCache(ABC, Generic[S]):
         if self.stats.evicted_tokens != before:
             evicted.append((index, self.stats.evicted_tokens - before))
         return True
+
+    def _commit_batch(self, records: list[LiveRequest[S]]) -> None:
+        """``commit_batch`` on checked live records: ``_commit`` each, in order."""
+        for live in records:
+            self._commit(live.request, live.state)
 
     def _decode_steps_in_place(self, req: Request, state: S) -> int:
         """``decode_steps_in_place`` for a decoding live request; 0 unless the backend knows."""

@@ -358,6 +358,13 @@ class RadixPrefixCache(PrefixCache[_Live]):
         self.tree.inc_lock_ref(match.last_node)
         live.last_node, live.protected = match.last_node, aligned
 
+    def _commit_batch(self, records: list[LiveRequest[_Live]]) -> None:
+        """As one ``_commit`` after another; a decode step's commit does nothing (below), so a
+        decoding request is passed over without the call."""
+        for live in records:
+            if not live.state.decoding:
+                self._commit(live.request, live.state)
+
     def _commit(self, req: Request, state: _Live) -> None:
         """SGLang checkpoints after each extend (prefill chunk), not after a decode step:
         output tokens reach the tree at release."""
