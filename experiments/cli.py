@@ -147,6 +147,17 @@ def build_requests(cfg: dict[str, Any]) -> tuple[Any, int]:
     return reqs, n
 
 
+def prompt_hash_store(cfg: dict[str, Any]) -> Any:
+    """A hashchain trace run's store of prompt block hashes (experiments/inputs/trace_hashes.py),
+    shared by every cell and rerun over the same trace and hash settings; None otherwise."""
+    if not cfg["trace"] or cfg["backend"] != "hashchain":
+        return None
+    from prefixcache.experiments.inputs.trace_hashes import TracePromptHashes
+    from prefixcache.experiments.inputs.traces import read_trace
+
+    return TracePromptHashes(read_trace(cfg["trace"]))
+
+
 def execute(
     cfg: dict[str, Any],
     out_root: Path,
@@ -185,6 +196,9 @@ def simulate(
 
     tier = host_tier_of(cfg)
     options = dict(cfg["options"]) | ({} if tier is None else {"host_tier": tier})
+    known_hashes = prompt_hash_store(cfg)
+    if known_hashes is not None:  # the same hashes, read instead of computed: not a setting
+        options["known_prompt_hashes"] = known_hashes
     try:
         cache = make_cache(cfg["backend"], CacheConfig(cfg["capacity_tokens"], cfg["page_size"]), **options)
     except TypeError as e:  # an option the backend does not take
@@ -195,6 +209,8 @@ def simulate(
     t0 = time.perf_counter()
     records = engine.run(requests, progress=progress, total=total)
     wall = time.perf_counter() - t0
+    if known_hashes is not None:
+        known_hashes.save()
     summary = summarize(records, page_size=cfg["page_size"], peak_pages_in_use=engine.peak_pages_in_use)
     if summary["rejected"] == len(records):
         raise ValueError(

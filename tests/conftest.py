@@ -2,6 +2,12 @@ import os
 
 # The kernel runs under Triton's interpreter unless a GPU is there; set before triton imports.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Trace runs keep prompt block hashes in a store (experiments/inputs/trace_hashes.py): the
+# tests' go to a folder of their own, never the user's cache.
+if "PREFIXCACHE_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["PREFIXCACHE_CACHE"] = tempfile.mkdtemp(prefix="prefixcache-test-cache-")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from prefixcache.backends.hashchain.hashing import get_hash_fn, group_id_suffix
+from prefixcache.backends.hashchain.hashing import KnownPromptHashes, get_hash_fn, group_id_suffix
 from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks, UnitaryKVCacheCoordinator
 from prefixcache.backends.hashchain.kv_cache_manager import KVCacheManager
 from prefixcache.backends.hashchain.kv_cache_planning import (
@@ -100,6 +100,10 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                     None (default): no tier, the backend exactly as without one.
     host_ack_delay: steps a transfer takes beyond vLLM's fastest worker (0: a load is
                     acknowledged in its step, a store in the step after it is built).
+    known_prompt_hashes: None (default: every block hashed as vLLM does) or a source of
+                    prompt block hashes computed before (``hashing.KnownPromptHashes``, e.g.
+                    a trace's store, experiments/inputs/trace_hashes.py): the same hashes,
+                    read instead of computed; a request it does not know is hashed as usual.
 
     A live request's state is its block list per group: the very lists the single-type
     managers keep in ``req_to_blocks`` (vLLM's owner of them), not copies.
@@ -123,6 +127,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         kv_events: bool = False,
         host_tier: HostTierConfig | None = None,
         host_ack_delay: int = 0,
+        known_prompt_hashes: KnownPromptHashes | None = None,
     ) -> None:
         super().__init__(config)
         if not isinstance(unhashed_first, bool):
@@ -195,6 +200,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             free_skipped_on_failure=free_skipped_on_failure,
             hash_block_size=self.hash_block_size,
             use_eagle=use_eagle,
+            known_prompt_hashes=known_prompt_hashes,
         )
         self.use_eagle = use_eagle
         # ``page_table``'s group: group 0 (the explicit form, a plain model); from a layout the

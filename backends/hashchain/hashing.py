@@ -178,23 +178,36 @@ class RequestHashes:
         return keys
 
 
+# A source of prompt block hashes computed before (``known_prompt_hashes`` of the backend):
+# called with (request, tokens per hash, hash function, NONE_HASH), it returns the hashes of
+# the request's full prompt units exactly as ``hash_block_tokens`` chains them (no extra
+# keys), or None when it does not know the request. Hashes depend only on those settings and
+# the tokens, so a sweep's cells and reruns can share them (experiments/inputs/trace_hashes.py).
+KnownPromptHashes = Callable[[Request, int, HashFn, BlockHash], "Sequence[BlockHash] | None"]
+
+
 class BlockHasher:
     """vLLM's ``request_block_hasher``: hashes each request's newly full blocks, once.
 
     vLLM keeps the list on its Request; ours is shared by caches of other block sizes and hash
     functions, so the hasher owns it, weakly keyed by the request: it lives while the request
-    does and is never looked up by a cache it does not belong to.
+    does and is never looked up by a cache it does not belong to. With ``known`` it takes the
+    prompt's hashes from there instead of computing them (requests without extra keys).
     """
 
-    __slots__ = ("block_size", "hash_fn", "none_hash", "units_per_block", "_of")
+    __slots__ = ("block_size", "hash_fn", "none_hash", "units_per_block", "known", "_of")
 
-    def __init__(self, block_size: int, hash_fn: HashFn, units_per_block: int = 1) -> None:
+    def __init__(
+        self, block_size: int, hash_fn: HashFn, units_per_block: int = 1,
+        known: KnownPromptHashes | None = None,
+    ) -> None:
         """``block_size``: the tokens each hash covers (vLLM's hash_block_size); a cache block
         is ``units_per_block`` of them."""
         self.block_size = block_size
         self.units_per_block = units_per_block
         self.hash_fn = hash_fn
         self.none_hash = none_hash(hash_fn)
+        self.known = known
         self._of: weakref.WeakKeyDictionary[Request, RequestHashes] = weakref.WeakKeyDictionary()
 
     def request_hashes(self, req: Request) -> RequestHashes:
@@ -208,8 +221,15 @@ class BlockHasher:
         end = req.num_tokens // size * size  # [start, end): the blocks full since the last call
         if start >= end:
             return record
-        parent = hashes[-1] if hashes else self.none_hash
         needs_extra_keys = req.lora_name is not None or req.mm_hashes or req.cache_salt is not None
+        if self.known is not None and not needs_extra_keys and start < req.num_prompt_tokens // size * size:
+            known = self.known(req, size, self.hash_fn, self.none_hash)
+            if known is not None:
+                hashes.extend(known[len(hashes) : end // size])
+                start = len(hashes) * size
+                if start >= end:
+                    return record
+        parent = hashes[-1] if hashes else self.none_hash
         tokens = iter(req.all_token_ids[start:end])
         blocks = zip(*[tokens] * size, strict=True)  # the new full blocks as token tuples, cut in C
         for first, block in zip(range(start, end, size), blocks, strict=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from prefixcache.backends.hashchain.block_pool import BlockPool
-from prefixcache.backends.hashchain.hashing import BlockHasher, HashFn
+from prefixcache.backends.hashchain.hashing import BlockHasher, HashFn, KnownPromptHashes
 from prefixcache.backends.hashchain.kv_cache_coordinator import (
     CacheHit,
     KVCacheBlocks,
@@ -55,6 +55,7 @@ class KVCacheManager:
         free_skipped_on_failure: bool = False,
         hash_block_size: int | None = None,
         use_eagle: bool = False,
+        known_prompt_hashes: KnownPromptHashes | None = None,
     ) -> None:
         if free_order not in FREE_ORDERS:
             raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {free_order!r}")
@@ -68,7 +69,9 @@ class KVCacheManager:
         hash_block_size = block_size if hash_block_size is None else hash_block_size
         if hash_block_size < 1 or block_size % hash_block_size:
             raise ValueError(f"hash_block_size {hash_block_size} must divide the block size {block_size}")
-        self.hasher = BlockHasher(hash_block_size, hash_fn, block_size // hash_block_size)
+        self.hasher = BlockHasher(
+            hash_block_size, hash_fn, block_size // hash_block_size, known_prompt_hashes
+        )
         self.coordinator = make_kv_cache_coordinator(
             attention_groups, self.block_pool, block_size, prefix_cache_retention_interval, use_eagle
         )

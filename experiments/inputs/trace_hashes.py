@@ -1,0 +1,198 @@
+"""Block hashes of a Mooncake trace's prompts, computed once and kept on disk.
+
+vLLM's chained block hashes depend only on the tokens, the tokens per hash, the hash function
+and NONE_HASH (our trace requests carry no extra keys). A trace prompt is its hash ids' 512-token
+blocks (``traces._blocks_tokens``), so the hashes of one 512-token block after a given prefix of
+hash ids are the same in every request that shares the prefix, in every cell of a sweep and in
+every rerun. ``TracePromptHashes`` computes each such block's hashes once (a node of the trie
+over hash-id prefixes), lazily, and ``save`` keeps them in a store keyed by all of that (the
+records' content, vocabulary, tokens per hash, hash function, NONE_HASH, Python's pickle), which
+later runs memory-map and read instead of hashing. The hashchain backend takes it as
+``known_prompt_hashes``: hashes read equal hashes computed (tests/test_trace_hashes.py), so a
+run's results do not change, only its hashing time.
+
+Tokens per hash must divide 512 (else the request is hashed as usual). The store lives under
+``$PREFIXCACHE_CACHE`` (default ``~/.cache/prefixcache``) in ``block_hashes/``; a store over
+``MAX_STORE_BYTES`` is kept in memory only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from prefixcache.backends.hashchain.hashing import HASH_FUNCTIONS, BlockHash, HashFn, hash_block_tokens
+from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, TraceRecord, _blocks_tokens
+
+from prefixcache import Request
+
+FORMAT = 1
+MAX_STORE_BYTES = 1 << 30
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PREFIXCACHE_CACHE", Path.home() / ".cache" / "prefixcache")) / "block_hashes"
+
+
+class TracePromptHashes:
+    """``KnownPromptHashes`` for requests made by ``traces.iter_requests(records, vocab_size=,
+    prefix=)``: request ``f"{prefix}-{i}"`` is record i. Unknown ids, records without hash ids
+    (Azure) and lengths that disagree get None (hashed as usual)."""
+
+    def __init__(
+        self, records: Sequence[TraceRecord], *, vocab_size: int = 32_000, prefix: str = "trace",
+        directory: Path | None = None,
+    ) -> None:
+        self.records = records
+        self.vocab_size = vocab_size
+        self.prefix = prefix + "-"
+        self.directory = directory if directory is not None else cache_dir()
+        # The trie over hash-id prefixes: node of (parent node, hash id); node -1 is the root.
+        nodes: dict[tuple[int, int], int] = {}
+        self.parents: list[int] = []
+        self.block_ids: list[int] = []
+        self.paths: list[list[int]] = []  # each record's nodes, one per 512-token block
+        for rec in records:
+            parent, path = -1, []
+            for h in rec.hash_ids:
+                node = nodes.get((parent, h))
+                if node is None:
+                    node = nodes[(parent, h)] = len(self.parents)
+                    self.parents.append(parent)
+                    self.block_ids.append(h)
+                path.append(node)
+                parent = node
+            self.paths.append(path)
+        digest = hashlib.sha256(f"{FORMAT}/{vocab_size}/".encode())
+        for rec in records:
+            fields = (rec.input_length, len(rec.hash_ids), *rec.hash_ids)
+            digest.update(np.asarray(fields, dtype=np.int64).tobytes())
+        self.records_digest = digest.hexdigest()[:20]
+        self._stores: dict[tuple[int, HashFn, BlockHash], _Store] = {}
+
+    def __call__(
+        self, req: Request, unit: int, hash_fn: HashFn, none_hash: BlockHash
+    ) -> list[BlockHash] | None:
+        rid = req.request_id
+        if not rid.startswith(self.prefix) or MOONCAKE_BLOCK % unit:
+            return None
+        try:
+            index = int(rid[len(self.prefix) :])
+        except ValueError:
+            return None
+        if not 0 <= index < len(self.records):
+            return None
+        rec = self.records[index]
+        if not rec.hash_ids or rec.input_length != req.num_prompt_tokens:
+            return None
+        store = self._stores.get((unit, hash_fn, none_hash))
+        if store is None:
+            store = self._stores[(unit, hash_fn, none_hash)] = _Store(self, unit, hash_fn, none_hash)
+        return store.prompt_hashes(index, rec.input_length // unit)
+
+    @property
+    def computed(self) -> int:
+        """Block hashes computed (not read) so far, over every store."""
+        return sum(store.computed for store in self._stores.values())
+
+    @property
+    def read(self) -> int:
+        """Block hashes handed out that a store already held."""
+        return sum(store.read for store in self._stores.values())
+
+    def save(self) -> None:
+        """Write every store that gained hashes (atomically: a reader sees the old or the new)."""
+        for store in self._stores.values():
+            store.save()
+
+
+class _Store:
+    """One setting's hashes: per trie node, the 512 / unit hashes of its block, as bytes."""
+
+    def __init__(self, owner: TracePromptHashes, unit: int, hash_fn: HashFn, none_hash: BlockHash) -> None:
+        self.owner = owner
+        self.unit = unit
+        self.hash_fn = hash_fn
+        self.none_hash = none_hash
+        self.per_node = MOONCAKE_BLOCK // unit
+        self.width = len(none_hash)  # the digest's bytes (NONE_HASH is one of its digests)
+        name = next((n for n, f in HASH_FUNCTIONS.items() if f is hash_fn), None)
+        key = hashlib.sha256(
+            f"{owner.records_digest}/{unit}/{name}/{none_hash.hex()}/{sys.version_info[:2]}/"
+            f"{pickle.HIGHEST_PROTOCOL}".encode()
+        ).hexdigest()[:24]
+        self.path = None if name is None else owner.directory / f"{key}.npz"
+        self.nodes: list[bytes | None] = [None] * len(owner.parents)
+        self.computed = self.read = 0
+        self._new = 0
+        if self.path is not None and self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        assert self.path is not None
+        try:
+            with np.load(self.path) as data:
+                done, hashes = data["done"], data["hashes"]
+        except (OSError, ValueError, KeyError):
+            return  # unreadable: computed again and rewritten
+        rows = np.flatnonzero(done).tolist()
+        if done.shape != (len(self.nodes),) or hashes.shape != (len(rows), self.per_node * self.width):
+            return
+        for node, row in zip(rows, hashes, strict=True):
+            self.nodes[node] = row.tobytes()
+        parents = self.owner.parents
+        first = next((n for n, b in enumerate(self.nodes) if b is not None and parents[n] == -1), None)
+        if first is not None and self._hash_node(first) != self.nodes[first]:  # another machine's pickle?
+            self.nodes = [None] * len(self.nodes)
+
+    def _hash_node(self, node: int) -> bytes:
+        parent_node = self.owner.parents[node]
+        parent = self.none_hash if parent_node < 0 else self._node(parent_node)[-self.width :]
+        tokens = _blocks_tokens([self.owner.block_ids[node]], self.owner.vocab_size).tolist()
+        out = []
+        u = self.unit
+        for j in range(self.per_node):
+            parent = hash_block_tokens(self.hash_fn, BlockHash(parent), tokens[j * u : (j + 1) * u], None)
+            out.append(parent)
+        return b"".join(out)
+
+    def _node(self, node: int) -> bytes:
+        value = self.nodes[node]
+        if value is None:
+            value = self.nodes[node] = self._hash_node(node)
+            self.computed += self.per_node
+            self._new += 1
+        return value
+
+    def prompt_hashes(self, index: int, num_units: int) -> list[BlockHash]:
+        w = self.width
+        out: list[BlockHash] = []
+        for node in self.owner.paths[index]:
+            if len(out) >= num_units:
+                break
+            fresh = self.nodes[node] is None
+            raw = self._node(node)
+            take = min(self.per_node, num_units - len(out))
+            out += [BlockHash(raw[j * w : (j + 1) * w]) for j in range(take)]
+            if not fresh:
+                self.read += take
+        return out
+
+    def save(self) -> None:
+        if not self._new or self.path is None:
+            return
+        done = np.array([b is not None for b in self.nodes], dtype=bool)
+        if int(done.sum()) * self.per_node * self.width > MAX_STORE_BYTES:
+            return
+        hashes = np.frombuffer(b"".join(b for b in self.nodes if b is not None), dtype=np.uint8)
+        hashes = hashes.reshape(int(done.sum()), self.per_node * self.width)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f"{self.path.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, done=done, hashes=hashes)
+        os.replace(tmp, self.path)
+        self._new = 0
