@@ -51,13 +51,13 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     "radix: duplicates computed after re-pointing (frees slots still in use)": (
         "backends/radix/backend.py",
         "        duplicates = live.pages[live.protected // p : cached // p]\n"
-        "        match = self.tree.match_prefix(key)\n"
+        "        match = self.tree.match_prefix(key, along=end)\n"
         '        assert match.length == aligned, f"re-match found {match.length} of {aligned} '
         'inserted tokens"\n'
         "        # Re-point at the tree's pages first; only then free our duplicate copies.\n"
         "        live.pages[live.protected // p : aligned // p] = "
         "self._pages_of(match.indices[live.protected :])\n",
-        "        match = self.tree.match_prefix(key)\n"
+        "        match = self.tree.match_prefix(key, along=end)\n"
         "        live.pages[live.protected // p : aligned // p] = "
         "self._pages_of(match.indices[live.protected :])\n"
         "        duplicates = live.pages[live.protected // p : cached // p]\n",
@@ -159,6 +159,7 @@ MUTANT_MODULES = [
     "tests.mutants_hicache",
     "tests.mutants_offload_hashchain",
     "tests.mutants_eviction_zoo",
+    "tests.mutants_batch",
 ]
 
 
