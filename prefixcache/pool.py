@@ -50,15 +50,22 @@ class PagePool:
         self.need_sort = need_sort
         # SGLang's token allocator (page size 1) appends freed slots; its paged one prepends.
         self.append_freed = page_size == 1
-        self._is_free = np.ones(num_pages, dtype=bool)
+        try:
+            self._is_free = np.ones(num_pages, dtype=bool)
+            self._buf: PageIds = np.empty(2 * num_pages, dtype=np.int64)
+            # Scratch for the repeated-id check in free(); its contents never matter between calls.
+            self._mark = np.zeros(num_pages, dtype=np.int64)
+        except MemoryError:
+            gib = num_pages * 25 / 2**30
+            raise ValueError(
+                f"a pool of {num_pages} pages needs about {gib:.1f} GiB of bookkeeping, more than "
+                "this machine can allocate; lower the capacity (or raise the page size)"
+            ) from None
         self._is_free[0] = False  # the reserved page is never free, never allocated
-        self._buf: PageIds = np.empty(2 * num_pages, dtype=np.int64)
         self._head = self._tail = 0
         self._place(np.arange(1, num_pages, dtype=np.int64))
         self._released: list[PageIds] = []
         self._num_released = 0
-        # Scratch for the repeated-id check in free(); its contents never matter between calls.
-        self._mark = np.zeros(num_pages, dtype=np.int64)
 
     @property
     def num_free(self) -> int:

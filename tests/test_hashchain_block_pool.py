@@ -7,6 +7,7 @@ from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, BlockPool
 from prefixcache.backends.hashchain.hashing import BlockHash, make_block_hash_with_group_id
 
+from prefixcache import CacheConfig, Request, make_cache
 from prefixcache.interface import InvariantError
 from tests.helpers import keyed
 
@@ -183,9 +184,9 @@ def test_check_invariants_catches_a_hash_missing_from_the_map() -> None:
 
 def test_check_invariants_catches_a_broken_free_queue_link() -> None:
     pool, _ = cached_pool(n=8, chain=2)
-    third = pool.blocks[5]
-    assert third.prev_free_block is not None
-    third.prev_free_block = pool.blocks[3]
+    last = pool.free_block_queue.fake_free_list_tail.prev_free_block  # a freed block, linked alone
+    assert last is not None and last.prev_free_block is not None
+    last.prev_free_block = pool.blocks[3]
     with pytest.raises(InvariantError, match="back link|backward"):
         pool.check_invariants()
 
@@ -221,3 +222,26 @@ def test_longest_prefix_equals_get_one_block_up_to_the_first_miss(miss_at: int) 
             m.pop(keys[i], blocks[200 + i].block_id)
     assert m.num_duplicated_keys == 0
     assert m.longest_prefix(keys, 150) == [m.get_one_block(k) for k in keys[: min(miss_at, 150)]]
+
+
+def test_a_huge_pool_creates_blocks_only_as_they_are_used() -> None:
+    """Issue 28, item 5: 10^8 tokens in blocks of 16 is 6.25M blocks; none but the null block
+    exists before the first allocation, and allocating takes them in vLLM's order (ascending
+    ids from the fresh run, then the freed ones where they were linked)."""
+    cache = make_cache("hashchain", CacheConfig(10**8, 16))
+    pool = cache.block_pool
+    assert len(pool.blocks) == 10**8 // 16 and [b.block_id for b in pool.blocks.created()] == [0]
+    a = Request("a", list(range(100)))
+    assert cache.allocate(a, 100)
+    assert cache.page_table(a) == list(range(1, 8)) and len(pool.blocks.created()) == 8
+    cache.release(a)  # reversed: its last (unhashed, partial) block to the head, the rest at the tail
+    b = Request("b", [7] * 40)
+    assert cache.allocate(b, 40)
+    assert cache.page_table(b) == [7, 8, 9]  # the unhashed freed block first, then the fresh run
+    assert cache.usage().in_use == 3
+
+
+@pytest.mark.parametrize("backend", ["hashchain", "radix", "none"])
+def test_a_pool_too_large_to_allocate_is_a_clear_error(backend: str) -> None:
+    with pytest.raises(ValueError, match="memory|GiB"):
+        make_cache(backend, CacheConfig(10**15, 1))

@@ -18,7 +18,7 @@ from typing import Any
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.eviction import RankedEviction
-from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue
+from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, LazyBlocks
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
 from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId, generate_block_hash_extra_keys
 
@@ -67,7 +67,9 @@ class BlockPool:
         if ranked and not unhashed_first:
             raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
         self.ranked = RankedEviction(policy) if ranked else None
-        self.blocks = [KVCacheBlock(i, num_tokens=block_size) for i in range(num_gpu_blocks)]
+        # Created on first use (free_queue.LazyBlocks), in the order vLLM's preallocated ones
+        # leave the queue: ids, free order and eviction order as vLLM's.
+        self.blocks = LazyBlocks(num_gpu_blocks, block_size)
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # The null block stands in for skipped blocks (sliding window); its ref_cnt is not kept.
@@ -305,7 +307,7 @@ class BlockPool:
         if self.get_num_free_blocks() != self.num_gpu_blocks - 1:
             return False
         self.cached_block_hash_to_block.clear()
-        for block in self.blocks:
+        for block in self.blocks.created():  # a block never used has no hash
             if self.ranked is not None and block.block_hash is not None:
                 self.ranked.uncached(block)
             block.reset_hash()
@@ -403,20 +405,21 @@ class BlockPool:
             forward.append(curr)
             curr = curr.next_free_block
         ensure(curr is queue.fake_free_list_tail, "free queue does not end at the tail sentinel")
+        entries, forward = forward, [b for entry in forward for b in queue.blocks_of(entry)]
         ensure(
             len(forward) == queue.num_free_blocks,
             f"free queue holds {len(forward)} blocks, counter says {queue.num_free_blocks}",
         )
         backward: list[KVCacheBlock] = []
         curr = queue.fake_free_list_tail.prev_free_block
-        while curr is not None and curr is not queue.fake_free_list_head and len(backward) <= len(forward):
+        while curr is not None and curr is not queue.fake_free_list_head and len(backward) <= len(entries):
             backward.append(curr)
             nxt = curr.prev_free_block
             ensure(
                 nxt is not None and nxt.next_free_block is curr, f"broken back link at block {curr.block_id}"
             )
             curr = nxt
-        ensure(backward[::-1] == forward, "free queue walked backward differs from forward")
+        ensure(backward[::-1] == entries, "free queue walked backward differs from forward")
         free_ids = {b.block_id for b in forward}
         ensure(len(free_ids) == len(forward), "a block is twice in the free queue")
         ensure(self.null_block.block_id not in free_ids, "the null block is in the free queue")

@@ -7,29 +7,89 @@ Order: head = next to be allocated (and so evicted, LRU); tail = most recently f
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import overload
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
+
+
+class LazyBlocks:
+    """The pool's blocks by id, each created on first use: vLLM preallocates one object per
+    block, which at 10^8 tokens is seconds and gigabytes before the first request. A block
+    never handed out is fresh (no hash, no holder, free), which is what a new one is."""
+
+    __slots__ = ("_blocks", "block_size")
+
+    def __init__(self, num_blocks: int, block_size: int = 0) -> None:
+        try:
+            self._blocks: list[KVCacheBlock | None] = [None] * num_blocks
+        except MemoryError:
+            raise ValueError(f"a pool of {num_blocks} blocks does not fit in this machine's memory") from None
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    @overload
+    def __getitem__(self, index: int) -> KVCacheBlock: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[KVCacheBlock]: ...
+    def __getitem__(self, index: int | slice) -> KVCacheBlock | list[KVCacheBlock]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._blocks)))]
+        block = self._blocks[index]
+        if block is None:
+            block = self._blocks[index] = KVCacheBlock(index % len(self._blocks), num_tokens=self.block_size)
+        return block
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        """Every block (creating those not yet used: for checks and tests)."""
+        return (self[i] for i in range(len(self._blocks)))
+
+    def created(self) -> list[KVCacheBlock]:
+        """The blocks created so far (the others are fresh)."""
+        return [b for b in self._blocks if b is not None]
+
+
+class _FreshRun(KVCacheBlock):
+    """A queue entry standing for the never-used blocks ``[lo, hi)`` in ascending order: they
+    sit together where the queue began (freed blocks are linked before or after them, never
+    among them), so one entry keeps vLLM's order without an object per block."""
+
+    __slots__ = ("lo", "hi", "blocks")
+
+    def __init__(self, blocks: LazyBlocks) -> None:
+        super().__init__(-2)
+        self.blocks = blocks
+        self.lo, self.hi = 0, len(blocks)
+
+    def take(self, n: int) -> list[KVCacheBlock]:
+        out = self.blocks[self.lo : self.lo + n]
+        self.lo += len(out)
+        return out
 
 
 class FreeKVCacheBlockQueue:
     __slots__ = ("num_free_blocks", "fake_free_list_head", "fake_free_list_tail")
 
-    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+    def __init__(self, blocks: list[KVCacheBlock] | LazyBlocks) -> None:
         # Sentinels: every real block in the queue has both neighbours, so no edge branches.
         self.fake_free_list_head = KVCacheBlock(-1)
         self.fake_free_list_tail = KVCacheBlock(-1)
         self.fake_free_list_head.next_free_block = self.fake_free_list_tail
         self.fake_free_list_tail.prev_free_block = self.fake_free_list_head
         self.num_free_blocks = 0
-        self.append_n(blocks)  # ascending block id at start
+        if isinstance(blocks, LazyBlocks):  # ascending block id at start, as one fresh run
+            run = _FreshRun(blocks)
+            self._link_between(self.fake_free_list_head, self.fake_free_list_tail, (run,))
+            self.num_free_blocks = len(blocks)
+        else:
+            self.append_n(blocks)  # ascending block id at start
 
     def popleft(self) -> KVCacheBlock:
-        first = self.fake_free_list_head.next_free_block
-        if first is self.fake_free_list_tail or first is None:
+        if self.num_free_blocks == 0:
             raise ValueError("No free blocks available")
-        self._unlink(first)
-        return first
+        return self.popleft_n(1)[0]
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Pop the first ``n`` blocks in one pass, relinking the head once."""
@@ -37,10 +97,15 @@ class FreeKVCacheBlockQueue:
             raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} free")
         out: list[KVCacheBlock] = []
         curr = self.fake_free_list_head.next_free_block
-        for _ in range(n):
+        while len(out) < n:
             assert curr is not None
-            out.append(curr)
             nxt = curr.next_free_block
+            if isinstance(curr, _FreshRun):
+                out += curr.take(n - len(out))
+                if curr.lo < curr.hi:
+                    break  # the run goes on: it stays the head
+            else:
+                out.append(curr)
             curr.prev_free_block = curr.next_free_block = None
             curr = nxt
         assert curr is not None
@@ -84,12 +149,17 @@ class FreeKVCacheBlockQueue:
         after.prev_free_block = prev
         self.num_free_blocks += count
 
+    @staticmethod
+    def blocks_of(entry: KVCacheBlock) -> list[KVCacheBlock]:
+        """The blocks a queue entry stands for: itself, or a fresh run's blocks."""
+        return entry.blocks[entry.lo : entry.hi] if isinstance(entry, _FreshRun) else [entry]
+
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        """Head to tail (for tests and invariant checks; O(n))."""
+        """Head to tail (for tests and invariant checks; O(n); creates the fresh blocks)."""
         out: list[KVCacheBlock] = []
         curr = self.fake_free_list_head.next_free_block
         while curr is not None and curr is not self.fake_free_list_tail:
-            out.append(curr)
+            out += self.blocks_of(curr)
             curr = curr.next_free_block
         return out
 
