@@ -29,6 +29,7 @@ mutants: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.bench.ops
 	$(BIN)/python -m prefixcache.experiments.bench.replay
+	$(BIN)/python -m prefixcache.experiments.bench.replay --whole
 	$(BIN)/python -m prefixcache.experiments.bench.hashing
 	$(BIN)/python -m prefixcache.experiments.bench.eviction
 	$(BIN)/python -m pytest -q -p no:cacheprovider --benchmark-only tests/bench

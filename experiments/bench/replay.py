@@ -9,11 +9,15 @@ backend variant below, on one fixed setup so the rows compare:
   trace ``output_length`` tokens, one per step);
 
 and prints per variant: prompt tokens/s and requests/s (wall time of the whole replay,
-request construction included), the share of that time spent inside cache calls (the
-engine's per-request ``cache_op_ns``), building ``Request`` objects (the trace iterator),
-and the rest (engine bookkeeping), plus the token hit rate. Writes
-``results/bench/replay.csv``. ``--profile VARIANT`` runs that one variant under cProfile and
-prints the top functions instead.
+request construction included) and where that time went: inside cache calls (the engine's
+``cache_op_ns``, each batch timed once) less block hashing, block hashing (SHA-256 and pickle
+of each block, timed around the hash function), building ``Request`` objects (the trace
+iterator), and the engine itself (scheduling and bookkeeping, the rest), plus the token hit
+rate. ``hashchain-p16-stored`` reads its prompt hashes from a trace store filled before the
+timed replay (experiments/inputs/trace_hashes.py: what every cell after a sweep's first does).
+Writes ``results/bench/replay.csv``; ``--whole`` replays both whole traces once per variant
+into ``results/bench/engine_trace.csv`` (``make bench``). ``--profile VARIANT`` runs that one
+variant under cProfile and prints the top functions instead.
 """
 
 from __future__ import annotations
@@ -36,17 +40,46 @@ VARIANTS: list[tuple[str, str, int, dict[str, Any]]] = [
     ("none-p16", "none", 16, {}),
     ("hashchain-p16-sha256", "hashchain", 16, {"hash_fn": "sha256"}),
     ("hashchain-p16-xxhash", "hashchain", 16, {"hash_fn": "xxhash"}),
+    ("hashchain-p16-stored", "hashchain", 16, {"hash_fn": "sha256", "stored_hashes": True}),
     ("radix-p1", "radix", 1, {}),
     ("radix-p16", "radix", 16, {}),
 ]
 TRACES = {"conversation": "mooncake_conversation_trace.jsonl", "synthetic": "mooncake_synthetic_trace.jsonl"}
 OUT = Path(__file__).resolve().parents[2] / "results" / "bench" / "replay.csv"
+WHOLE_OUT = OUT.with_name("engine_trace.csv")
+
+
+class _TimedHash:
+    """A hash function that sums the time spent in it (the hashing phase)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.ns = 0
+
+    def __call__(self, obj: Any) -> bytes:
+        t0 = time.perf_counter_ns()
+        try:
+            return self.fn(obj)  # type: ignore[no-any-return]
+        finally:
+            self.ns += time.perf_counter_ns() - t0
+
+
+def filled_store(records: Sequence[TraceRecord], limit: int | None, page: int, hash_fn: str) -> Any:
+    """A trace store holding the prompt hashes of the first ``limit`` requests (untimed)."""
+    from prefixcache.backends.hashchain.hashing import get_hash_fn, none_hash
+    from prefixcache.experiments.inputs.trace_hashes import TracePromptHashes
+
+    store = TracePromptHashes(records, directory=Path("/nonexistent"))  # memory only, never saved
+    fn = get_hash_fn(hash_fn)
+    for req in iter_requests(records, limit=limit):
+        store(req, page, fn, none_hash(fn))
+    return store
 
 
 class _TimedRequests:
     """The trace's requests, with the time spent building them (the engine pulls lazily)."""
 
-    def __init__(self, records: Sequence[TraceRecord], limit: int) -> None:
+    def __init__(self, records: Sequence[TraceRecord], limit: int | None) -> None:
         self.inner: Iterator[Request] = iter_requests(records, limit=limit)
         self.build_ns = 0
 
@@ -62,16 +95,25 @@ class _TimedRequests:
 
 
 def replay(records: Sequence[TraceRecord], variant: tuple[str, str, int, dict[str, Any]],
-           limit: int, capacity: int, budget: int) -> dict[str, Any]:
+           limit: int | None, capacity: int, budget: int) -> dict[str, Any]:
     label, backend, page, options = variant
+    options = dict(options)
+    if options.pop("stored_hashes", False):
+        fn = options.get("hash_fn", "sha256")
+        options["known_prompt_hashes"] = filled_store(records, limit, page, fn)
     cache = make_cache(backend, CacheConfig(capacity_tokens=capacity, page_size=page), **options)
+    hasher = getattr(getattr(cache, "manager", None), "hasher", None)
+    timed_hash = None
+    if hasher is not None:
+        hasher.hash_fn = timed_hash = _TimedHash(hasher.hash_fn)
     engine = Engine(cache, "fcfs", token_budget=budget)
     source = _TimedRequests(records, limit)
     t0 = time.perf_counter_ns()
     recs = engine.run(source)
     wall_ns = time.perf_counter_ns() - t0
     prompt = sum(r.prompt_tokens for r in recs)
-    cache_ns = sum(r.cache_op_ns for r in recs)
+    hash_ns = timed_hash.ns if timed_hash is not None else 0
+    cache_ns = sum(r.cache_op_ns for r in recs) - hash_ns
     return {
         "variant": label,
         "requests": len(recs),
@@ -81,8 +123,9 @@ def replay(records: Sequence[TraceRecord], variant: tuple[str, str, int, dict[st
         "prompt_tokens_per_s": prompt / (wall_ns / 1e9),
         "requests_per_s": len(recs) / (wall_ns / 1e9),
         "cache_frac": cache_ns / wall_ns,
+        "hash_frac": hash_ns / wall_ns,
         "build_frac": source.build_ns / wall_ns,
-        "engine_frac": (wall_ns - cache_ns - source.build_ns) / wall_ns,
+        "engine_frac": (wall_ns - cache_ns - hash_ns - source.build_ns) / wall_ns,
         "hit_rate": sum(r.hit_tokens for r in recs) / prompt if prompt else 0.0,
         "steps": engine.step_count,
     }
@@ -97,8 +140,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--only", nargs="*", default=None, help="variant labels to run")
     ap.add_argument("--repeat", type=int, default=3, help="rounds over the variants; each keeps its best")
     ap.add_argument("--profile", metavar="VARIANT", help="cProfile one variant, print the top 30")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--whole", action="store_true",
+                    help="both whole traces, one round, 4M tokens, budget 2048 (paper/LOG.md's "
+                    f"whole-trace runs): {WHOLE_OUT.name}")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.whole:
+        args.limit, args.synthetic, args.repeat = None, True, 1
+        args.capacity, args.budget = 1 << 22, 2048
+    if args.out is None:
+        args.out = WHOLE_OUT if args.whole else OUT
 
     traces = ["conversation"] + (["synthetic"] if args.synthetic else [])
     variants = [v for v in VARIANTS if args.only is None or v[0] in args.only]
@@ -111,8 +162,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
 
     rows: list[dict[str, Any]] = []
-    print(f"{'trace':<13}{'variant':<22}{'tok/s':>11}{'req/s':>9}{'cache':>7}{'engine':>7}"
-          f"{'build':>7}{'hit':>7}")
+    print(f"{'trace':<13}{'variant':<22}{'seconds':>8}{'tok/s':>11}{'req/s':>9}{'cache':>7}{'hash':>7}"
+          f"{'engine':>7}{'build':>7}{'hit':>7}")
     for trace in traces:
         records = read_mooncake(TRACES[trace])
         # Round-robin (every variant once per round, the best round kept): a slow spell of a
@@ -128,9 +179,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             row = {"trace": trace, "capacity_tokens": args.capacity, "token_budget": args.budget,
                    "rounds": args.repeat, **best[variant[0]]}
             rows.append(row)
-            print(f"{trace:<13}{row['variant']:<22}{row['prompt_tokens_per_s']:>11,.0f}"
-                  f"{row['requests_per_s']:>9,.0f}{row['cache_frac']:>7.0%}{row['engine_frac']:>7.0%}"
-                  f"{row['build_frac']:>7.0%}{row['hit_rate']:>7.1%}", flush=True)
+            print(f"{trace:<13}{row['variant']:<22}{row['seconds']:>8.1f}{row['prompt_tokens_per_s']:>11,.0f}"
+                  f"{row['requests_per_s']:>9,.0f}{row['cache_frac']:>7.0%}{row['hash_frac']:>7.0%}"
+                  f"{row['engine_frac']:>7.0%}{row['build_frac']:>7.0%}{row['hit_rate']:>7.1%}", flush=True)
     write_rows_csv(args.out, rows)
     print(f"wrote {args.out}")
 

@@ -155,7 +155,31 @@ def build_cache(config: dict[str, Any]) -> PrefixCache:
         # A counter instead of wall time: the same run always breaks LRU ties the same way (the
         # hybrid caches count already, as SGLang's get_and_increase_time_counter).
         options.setdefault("clock", itertools.count().__next__)
+    if config["backend"] == "hashchain" and config.get("source") in MOONCAKE_TRACES:
+        # The same hashes, read instead of computed, in every cell over the trace (not a setting)
+        options["known_prompt_hashes"] = trace_prompt_hashes(config["source"])
     return make_cache(config["backend"], config_, **options)
+
+
+_PROMPT_HASHES: dict[str, Any] = {}  # source -> its store, one per process
+
+
+def trace_prompt_hashes(source: str) -> Any:
+    """The trace's store of prompt block hashes (experiments/inputs/trace_hashes.py) for the
+    requests ``make_requests`` names after the source; built once per process."""
+    if source not in _PROMPT_HASHES:
+        from prefixcache.experiments.inputs.trace_hashes import TracePromptHashes
+        from prefixcache.experiments.inputs.traces import read_mooncake
+
+        records = read_mooncake(MOONCAKE_TRACES[source])
+        _PROMPT_HASHES[source] = TracePromptHashes(records, prefix=source)
+    return _PROMPT_HASHES[source]
+
+
+def save_prompt_hashes() -> None:
+    """Write what this process's stores gained (cells in other processes read it later)."""
+    for store in _PROMPT_HASHES.values():
+        store.save()
 
 
 def reset_requests(reqs: Sequence[Request]) -> None:
@@ -283,6 +307,7 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
                        layer_token_budget=cache.config.layer_token_budget)
     else:
         df, engine = run_engine(cache, requests, config)
+        save_prompt_hashes()
         done = df[~df["rejected"]]
         summary.update(
             sim_seconds=engine.clock, steps=engine.step_count,
