@@ -6,14 +6,12 @@ modes run it."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixcache import CacheConfig, Request, make_cache
-from tests.test_stateful import full_state
+from tests.test_stateful import full_state, one_by_one
 
 CASES = [("none", 4, {}), ("hashchain", 4, {}), ("hashchain", 16, {}), ("radix", 1, {}),
          ("radix", 4, {}), ("radix", 16, {}), ("radix", 4, {"need_sort": True}),
@@ -65,15 +63,7 @@ def test_a_batch_leaves_what_one_allocate_after_another_leaves(
                 continue
             for req in batch:
                 req.append_output_token_ids(7)
-            twin, twin_batch = copy.deepcopy((cache, batch))
-            done, evicted = 0, []
-            for index, req in enumerate(twin_batch):
-                before = twin.stats.evicted_tokens
-                if not twin.allocate(req, 1):
-                    break
-                if twin.stats.evicted_tokens != before:
-                    evicted.append((index, twin.stats.evicted_tokens - before))
-                done += 1
+            twin, done, evicted = one_by_one(cache, batch)
             tables = [len(cache.page_table(r)) for r in batch]
             result = cache.allocate_batch(batch, 1)
             assert (result.done, list(result.evicted)) == (done, evicted)

@@ -56,6 +56,22 @@ def full_state(cache: PrefixCache) -> tuple:
     return (cache.usage(), live, dataclasses.astuple(cache.stats), cache._index_version(), free)
 
 
+def one_by_one(cache: PrefixCache, reqs: list[Request]) -> tuple[PrefixCache, int, list[tuple[int, int]]]:
+    """What ``allocate(req, 1)`` one request after another does, on a deep copy of the cache
+    and the requests: (the copy after it, how many got room, (index, tokens) of each that
+    evicted), what ``allocate_batch(reqs, 1)`` must give."""
+    twin, twin_reqs = copy.deepcopy((cache, reqs))
+    done, evicted = 0, []
+    for index, req in enumerate(twin_reqs):
+        before = twin.stats.evicted_tokens
+        if not twin.allocate(req, 1):
+            break
+        if twin.stats.evicted_tokens != before:
+            evicted.append((index, twin.stats.evicted_tokens - before))
+        done += 1
+    return twin, done, evicted
+
+
 class ShadowKV:
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
@@ -205,15 +221,7 @@ class CacheLifecycle(RuleBasedStateMachine):
         reqs = [r for r in reqs if r.num_computed_tokens < limit]  # one more token must fit
         for req in reqs:
             req.append_output_token_ids(self.rng.randrange(VOCAB))
-        twin, twin_reqs = copy.deepcopy((self.cache, reqs))
-        expected_done, expected_evicted = 0, []
-        for index, req in enumerate(twin_reqs):
-            before = twin.stats.evicted_tokens
-            if not twin.allocate(req, 1):
-                break
-            if twin.stats.evicted_tokens != before:
-                expected_evicted.append((index, twin.stats.evicted_tokens - before))
-            expected_done += 1
+        twin, expected_done, expected_evicted = one_by_one(self.cache, reqs)
         pages_before = [len(self.cache.page_table(r)) for r in reqs]
         result = self.cache.allocate_batch(reqs, 1)
         assert (result.done, list(result.evicted)) == (expected_done, expected_evicted)
