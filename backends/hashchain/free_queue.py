@@ -36,11 +36,24 @@ class LazyBlocks:
     def __getitem__(self, index: slice) -> list[KVCacheBlock]: ...
     def __getitem__(self, index: int | slice) -> KVCacheBlock | list[KVCacheBlock]:
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self._blocks)))]
+            start, stop, step = index.indices(len(self._blocks))
+            if step == 1:
+                return self.run(start, stop)
+            return [self[i] for i in range(start, stop, step)]
         block = self._blocks[index]
         if block is None:
             block = self._blocks[index] = KVCacheBlock(index % len(self._blocks), num_tokens=self.block_size)
         return block
+
+    def run(self, lo: int, hi: int) -> list[KVCacheBlock]:
+        """Blocks ``lo`` to ``hi - 1``, creating those not yet used (one pass, no per-block call
+        through ``__getitem__``: a fresh run hands out thousands at a time)."""
+        blocks, size = self._blocks, self.block_size
+        out = blocks[lo:hi]
+        for k, block in enumerate(out):
+            if block is None:
+                out[k] = blocks[lo + k] = KVCacheBlock(lo + k, num_tokens=size)
+        return out  # type: ignore[return-value]  # every None was replaced
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
         """Every block (creating those not yet used: for checks and tests)."""
@@ -64,7 +77,7 @@ class _FreshRun(KVCacheBlock):
         self.lo, self.hi = 0, len(blocks)
 
     def take(self, n: int) -> list[KVCacheBlock]:
-        out = self.blocks[self.lo : self.lo + n]
+        out = self.blocks.run(self.lo, min(self.lo + n, self.hi))
         self.lo += len(out)
         return out
 
