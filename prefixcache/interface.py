@@ -229,7 +229,12 @@ class PrefixCache(ABC, Generic[S]):
         if live is not None and live.request is req:
             if match is not None:
                 raise ValueError(f"a match is for the first allocate only; {req.request_id!r} is live")
-            return self.allocate_batch((req,), num_new_tokens).done == 1  # a batch of one
+            total = req.num_computed_tokens + num_new_tokens
+            if total <= live.reserved:
+                return True  # already room (and, below the reservation, nothing new to cache)
+            if total > self._largest_fit() or total > req.num_tokens:
+                self._check_fits(req, total)  # raises
+            return self._extend_batch([live], num_new_tokens, []) == 1  # a batch of one
         self._check_request(req)
         match = self._match(req) if match is None else self._current(req, match)
         if match.pending:
@@ -262,9 +267,7 @@ class PrefixCache(ABC, Generic[S]):
         if type(num_new_tokens) is not int or num_new_tokens < 1:
             _check_count("num_new_tokens", num_new_tokens, minimum=1)
         records = []
-        fit = self._fit_limit
-        if fit is None:
-            fit = self._fit_limit = self._largest_fit()
+        fit = self._largest_fit()
         for req in reqs:
             live = self._live.get(req.request_id)
             if live is None or live.request is not req:
@@ -286,19 +289,24 @@ class PrefixCache(ABC, Generic[S]):
             live = live_of.get(req.request_id)
             if live is None or live.request is not req:
                 live = self._live_record(req, "commit")  # not live: that error
-            computed = req.num_computed_tokens
-            if not 0 <= computed <= live.reserved:
-                raise ValueError(
-                    f"commit of {req.request_id!r} at num_computed_tokens={computed} "
-                    f"beyond the {live.reserved} tokens allocated to it"
-                )
-            if computed > req.num_tokens:
-                raise ValueError(
-                    f"commit of {req.request_id!r}: num_computed_tokens={computed} "
-                    f"exceeds its {req.num_tokens} tokens"
-                )
+            self._check_commit(live)
             records.append(live)
         self._commit_batch(records)
+
+    @staticmethod
+    def _check_commit(live: LiveRequest[S]) -> None:
+        req = live.request
+        computed = req.num_computed_tokens
+        if not 0 <= computed <= live.reserved:
+            raise ValueError(
+                f"commit of {req.request_id!r} at num_computed_tokens={computed} "
+                f"beyond the {live.reserved} tokens allocated to it"
+            )
+        if computed > req.num_tokens:
+            raise ValueError(
+                f"commit of {req.request_id!r}: num_computed_tokens={computed} "
+                f"exceeds its {req.num_tokens} tokens"
+            )
 
     def revalidate(self, match: Match) -> Match:
         """``match`` as it holds now: itself if the index has not changed since it was taken,
@@ -337,8 +345,13 @@ class PrefixCache(ABC, Generic[S]):
         self._live[req.request_id].reserved = total
 
     def commit(self, req: Request) -> None:
-        """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it."""
-        self.commit_batch((req,))
+        """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it (a
+        ``commit_batch`` of one)."""
+        live = self._live.get(req.request_id)
+        if live is None or live.request is not req:
+            live = self._live_record(req, "commit")  # not live: that error
+        self._check_commit(live)
+        self._commit_batch([live])
 
     def release(self, req: Request) -> None:
         """Finished or preempted: unpin; KV of its computed tokens stays as cache.
@@ -614,8 +627,13 @@ class PrefixCache(ABC, Generic[S]):
 
     def _largest_fit(self) -> int:
         """The most tokens one request can hold at once (``_check_fits``' pool bound, found
-        once by doubling and bisection: ``_min_pages_to_fit`` grows with the tokens and the pool's usable
-        pages are fixed for a cache's life)."""
+        once by doubling and bisection: ``_min_pages_to_fit`` grows with the tokens and the
+        pool's usable pages are fixed for a cache's life)."""
+        if self._fit_limit is None:
+            self._fit_limit = self._find_largest_fit()
+        return self._fit_limit
+
+    def _find_largest_fit(self) -> int:
         usable = self.num_usable_pages()
         lo, hi = 0, 1
         while self._min_pages_to_fit(hi) <= usable:

@@ -280,7 +280,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         vLLM's ``allocate_slots`` returns from at once (one group, no tier: the request holds
         the slots and no block fills) taken without a call into the manager."""
         coordinator = self.manager.coordinator
-        if self.offload is not None or not isinstance(coordinator, UnitaryKVCacheCoordinator):
+        if self.offload is not None or type(coordinator) is not UnitaryKVCacheCoordinator:
             return super()._extend_batch(records, num_new_tokens, evicted)
         in_place = coordinator.extends_in_place
         for done, live in enumerate(records):

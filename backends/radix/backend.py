@@ -285,12 +285,12 @@ class RadixPrefixCache(PrefixCache[_Live]):
                     k += 1
                     continue
                 if total == held + 1:  # opens one page: take the run's pages at once
-                    run = self._page_opening_run(records, k, pool.num_ready)  # none merges
-                    pages = pool.alloc(run)
+                    run = 1 if k + 1 == count else self._page_opening_run(records, k, pool.num_ready)
+                    pages = pool.alloc(run)  # none merges: a run stops at the ready pages
                     assert pages is not None
                     for i in range(run):
                         opened = records[k + i]
-                        opened.state.pages.extend(pages[i : i + 1])
+                        opened.state.pages.extend(pages[i : i + 1] if run > 1 else pages)
                         opened.state.decoding = True
                         opened.reserved += 1
                     k += run
