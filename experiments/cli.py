@@ -126,13 +126,14 @@ def host_tier_of(cfg: dict[str, Any]) -> Any:
         raise ValueError(f"host_tier: {e}") from None
 
 
-def build_requests(cfg: dict[str, Any]) -> tuple[Any, int]:
-    """The requests of a config (a lazy iterator for a trace) and how many there are."""
+def build_requests(cfg: dict[str, Any], records: Any = None) -> tuple[Any, int]:
+    """The requests of a config (a lazy iterator for a trace, over ``records`` if the caller
+    read them already) and how many there are."""
     limit = cfg["limit"]
     if cfg["trace"]:
         from prefixcache.experiments.inputs.traces import iter_requests, read_trace
 
-        records = read_trace(cfg["trace"])
+        records = read_trace(cfg["trace"]) if records is None else records
         if not records:
             raise ValueError(f"trace {cfg['trace']} holds no requests")
         n = len(records) if limit is None else min(len(records), limit)
@@ -147,15 +148,15 @@ def build_requests(cfg: dict[str, Any]) -> tuple[Any, int]:
     return reqs, n
 
 
-def prompt_hash_store(cfg: dict[str, Any]) -> Any:
-    """A hashchain trace run's store of prompt block hashes (experiments/inputs/trace_hashes.py),
-    shared by every cell and rerun over the same trace and hash settings; None otherwise."""
+def prompt_hash_store(cfg: dict[str, Any], records: Any) -> Any:
+    """A hashchain trace run's store of prompt block hashes over the trace's ``records``
+    (experiments/inputs/trace_hashes.py), shared by every cell and rerun over the same trace
+    and hash settings; None otherwise."""
     if not cfg["trace"] or cfg["backend"] != "hashchain":
         return None
     from prefixcache.experiments.inputs.trace_hashes import TracePromptHashes
-    from prefixcache.experiments.inputs.traces import read_trace
 
-    return TracePromptHashes(read_trace(cfg["trace"]))
+    return TracePromptHashes(records)
 
 
 def execute(
@@ -196,14 +197,20 @@ def simulate(
 
     tier = host_tier_of(cfg)
     options = dict(cfg["options"]) | ({} if tier is None else {"host_tier": tier})
-    known_hashes = prompt_hash_store(cfg)
+    if cfg["trace"]:  # read once: the requests and the hash store both come from it
+        from prefixcache.experiments.inputs.traces import read_trace
+
+        trace_records = read_trace(cfg["trace"])
+    else:
+        trace_records = None
+    known_hashes = prompt_hash_store(cfg, trace_records)
     if known_hashes is not None:  # the same hashes, read instead of computed: not a setting
         options["known_prompt_hashes"] = known_hashes
     try:
         cache = make_cache(cfg["backend"], CacheConfig(cfg["capacity_tokens"], cfg["page_size"]), **options)
     except TypeError as e:  # an option the backend does not take
         raise ValueError(f"{cfg['backend']}: {e}") from None
-    requests, total = build_requests(cfg)
+    requests, total = build_requests(cfg, trace_records)
     requests, scheduler = offline_schedule(requests, cfg["scheduler"])
     engine = Engine(cache, scheduler, cfg["token_budget"], seed=cfg["seed"])
     t0 = time.perf_counter()

@@ -232,8 +232,7 @@ class PrefixCache(ABC, Generic[S]):
             total = req.num_computed_tokens + num_new_tokens
             if total <= live.reserved:
                 return True  # already room (and, below the reservation, nothing new to cache)
-            if total > self._largest_fit() or total > req.num_tokens:
-                self._check_fits(req, total)  # raises
+            self._check_fits(req, total)
             return self._extend_batch([live], num_new_tokens, []) == 1  # a batch of one
         self._check_request(req)
         match = self._match(req) if match is None else self._current(req, match)
@@ -267,17 +266,16 @@ class PrefixCache(ABC, Generic[S]):
         if type(num_new_tokens) is not int or num_new_tokens < 1:
             _check_count("num_new_tokens", num_new_tokens, minimum=1)
         records = []
-        fit = self._largest_fit()
         for req in reqs:
             live = self._live.get(req.request_id)
             if live is None or live.request is not req:
-                self._live_record(req, "allocate_batch")  # not live: that error
+                live = self._live_record(req, "allocate_batch")  # not live: that error
             total = req.num_computed_tokens + num_new_tokens
-            if total > live.reserved and (total > fit or total > req.num_tokens):  # type: ignore[union-attr]
-                self._check_fits(req, total)  # raises
+            if total > live.reserved:
+                self._check_fits(req, total)
             records.append(live)
         evicted: list[tuple[int, int]] = []
-        done = self._extend_batch(records, num_new_tokens, evicted)  # type: ignore[arg-type]
+        done = self._extend_batch(records, num_new_tokens, evicted)
         return BatchAllocation(done, tuple(evicted))
 
     def commit_batch(self, reqs: Sequence[Request]) -> None:
@@ -533,11 +531,11 @@ class PrefixCache(ABC, Generic[S]):
     def _extend_batch(
         self, records: list[LiveRequest[S]], num_new_tokens: int, evicted: list[tuple[int, int]]
     ) -> int:
-        """``allocate_batch`` on checked live records: ``_extend`` for each whose reservation
-        grows, in order, to the first that has no room; returns how many got theirs and
-        appends (index, tokens) to ``evicted`` for each whose step evicted. Backends override
-        it with the steps they can take without their index (one form: the per-request
-        allocate comes through here too), and call ``_extend_one`` for the rest."""
+        """``allocate_batch`` on checked live records (the per-request allocate comes through
+        here too, as a batch of one): ``_extend_one`` for each, in order, to the first that has
+        no room; returns how many got theirs and appends (index, tokens) to ``evicted`` for
+        each whose step evicted. A backend overrides it only to take several records at once
+        (radix: a run of steps that each open a page)."""
         for done, live in enumerate(records):
             if not self._extend_one(done, live, num_new_tokens, evicted):
                 return done
@@ -546,11 +544,15 @@ class PrefixCache(ABC, Generic[S]):
     def _extend_one(
         self, index: int, live: LiveRequest[S], num_new_tokens: int, evicted: list[tuple[int, int]]
     ) -> bool:
-        """One request of a batch through ``_extend`` (its evictions noted); False: no room."""
+        """One request of a batch: in place if the backend can take the step so, else through
+        ``_extend`` (its evictions noted); False: no room."""
         req = live.request
         total = req.num_computed_tokens + num_new_tokens
         if total <= live.reserved:
             return True  # already room (and, below the reservation, nothing new to cache)
+        if self._extend_in_place(live, total):
+            live.reserved = total
+            return True
         before = self.stats.evicted_tokens
         if not self._extend(req, live.state, total):
             return False
@@ -558,6 +560,12 @@ class PrefixCache(ABC, Generic[S]):
         if self.stats.evicted_tokens != before:
             evicted.append((index, self.stats.evicted_tokens - before))
         return True
+
+    def _extend_in_place(self, live: LiveRequest[S], total_tokens: int) -> bool:
+        """Take the live request's step to ``total_tokens`` without the index, where it changes
+        nothing there but the request's own state: True if taken (leaving exactly what
+        ``_extend`` would), False to let ``_extend`` take it. Default: never."""
+        return False
 
     def _commit_batch(self, records: list[LiveRequest[S]]) -> None:
         """``commit_batch`` on checked live records: ``_commit`` each, in order."""
@@ -611,6 +619,8 @@ class PrefixCache(ABC, Generic[S]):
 
     def _check_fits(self, req: Request, total_tokens: int) -> None:
         """ValueError if ``total_tokens`` reaches past the request's tokens or the pool."""
+        if total_tokens <= req.num_tokens and total_tokens <= self._largest_fit():
+            return  # the common case: one comparison against a bound found once
         if total_tokens > req.num_tokens:
             raise ValueError(
                 f"allocate for {req.request_id!r} up to token {total_tokens} reaches past its "

@@ -56,7 +56,7 @@ class PagePool:
             # Scratch for the repeated-id check in free(); its contents never matter between calls.
             self._mark = np.zeros(num_pages, dtype=np.int64)
         except MemoryError:
-            gib = num_pages * 25 / 2**30
+            gib = num_pages * 25 / 2**30  # bytes a page: 1 (is_free) + 16 (free list) + 8 (scratch)
             raise ValueError(
                 f"a pool of {num_pages} pages needs about {gib:.1f} GiB of bookkeeping, more than "
                 "this machine can allocate; lower the capacity (or raise the page size)"

@@ -8,25 +8,32 @@ SUITES = [
 ]
 
 MUTANTS = {
-    "batch: a radix decode step that opens a page taken as one inside the last page": (
+    "batch: a radix in-page decode step taken in place while the pool must evict for it": (
         "backends/radix/backend.py",
-        "                if total <= held:  # inside the last page: no page, nothing to evict",
-        "                if total <= held + 1:  # inside the last page: no page, nothing to evict",
+        "        if total_tokens > len(state.pages) * self.page_size or not self._calm():",
+        "        if total_tokens > len(state.pages) * self.page_size:",
+    ),
+    "batch: a radix decode step past the page boundary taken in place (no page, nothing evicted)": (
+        "backends/radix/backend.py",
+        "        if total_tokens > len(state.pages) * self.page_size or not self._calm():",
+        "        if total_tokens > len(state.pages) * self.page_size + 1:",
     ),
     "batch: a radix page-opening step counted twice": (
         "backends/radix/backend.py",
-        "                        opened.reserved += 1\n",
-        "                        opened.reserved += 2\n",
+        "                    opened.reserved += 1\n",
+        "                    opened.reserved += 2\n",
     ),
     "batch: a radix run of page-opening steps past the ready pages (an eviction skipped)": (
         "backends/radix/backend.py",
-        "        p, end = self.page_size, min(len(records), start + limit)",
-        "        p, end = self.page_size, len(records)",
+        "        end = min(len(records), start + limit)",
+        "        end = len(records)",
     ),
     "batch: a hashchain step that fills a block taken in place (the block never cached)": (
         "backends/hashchain/backend.py",
-        "            if in_place(req.request_id, total, min(total, req.num_tokens)):",
-        "            if in_place(req.request_id, total, min(total, req.num_tokens) - 1):",
+        "        if not coordinator.extends_in_place(req.request_id, total_tokens, "
+        "min(total_tokens, req.num_tokens)):",
+        "        if not coordinator.extends_in_place(req.request_id, total_tokens, "
+        "min(total_tokens, req.num_tokens) - 1):",
     ),
     "batch: an eviction charged to the wrong request of the batch": (
         "prefixcache/interface.py",

@@ -223,6 +223,9 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             raise ValueError("host_ack_delay without a host_tier")
         self.offload = None if host_tier is None else HostTier(self, host_tier, host_ack_delay)
         self.host_tier = host_tier
+        # _extend_in_place: only one group without a tier has steps allocate_slots skips at once
+        self._steps_in_place = self.offload is None and isinstance(
+            self.manager.coordinator, UnitaryKVCacheCoordinator)
 
     # ---------------------------------------------------------------- hooks
     def _match(self, req: Request) -> BlockMatch:
@@ -273,28 +276,17 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         self._sync_evictions()
         return ok
 
-    def _extend_batch(
-        self, records: list[LiveRequest[KVCacheBlocks]], num_new_tokens: int, evicted: list[tuple[int, int]]
-    ) -> int:
-        """A batch as ``_extend`` one request after another would run it, with the steps that
-        vLLM's ``allocate_slots`` returns from at once (one group, no tier: the request holds
-        the slots and no block fills) taken without a call into the manager."""
+    def _extend_in_place(self, live: LiveRequest[KVCacheBlocks], total_tokens: int) -> bool:
+        """The steps vLLM's ``allocate_slots`` returns from at once (one group, no tier: the
+        request holds the slots and no block fills), taken without a call into the manager."""
+        if not self._steps_in_place:
+            return False
+        req = live.request
         coordinator = self.manager.coordinator
-        if self.offload is not None or type(coordinator) is not UnitaryKVCacheCoordinator:
-            return super()._extend_batch(records, num_new_tokens, evicted)
-        in_place = coordinator.extends_in_place
-        for done, live in enumerate(records):
-            req = live.request
-            total = req.num_computed_tokens + num_new_tokens
-            if total <= live.reserved:
-                continue
-            if in_place(req.request_id, total, min(total, req.num_tokens)):
-                self.block_pool.event_request = req  # as _extend leaves it
-                live.reserved = total
-                continue
-            if not self._extend_one(done, live, num_new_tokens, evicted):
-                return done
-        return len(records)
+        if not coordinator.extends_in_place(req.request_id, total_tokens, min(total_tokens, req.num_tokens)):
+            return False
+        self.block_pool.event_request = req  # as _extend leaves it
+        return True
 
     def _decode_steps_in_place(self, req: Request, state: KVCacheBlocks) -> int:
         if self.offload is not None and self.offload.busy():

@@ -255,65 +255,64 @@ class RadixPrefixCache(PrefixCache[_Live]):
         live.decoding = decoding
         return True
 
+    def _calm(self) -> bool:
+        """A decode step evicts nothing and merges nothing now: a page is free (SGLang's
+        decode then has nothing to evict for) and no staged pages are due to merge."""
+        return self.pool.num_free > 0 and not self.pool.would_merge(0, 1)
+
+    def _extend_in_place(self, live: LiveRequest[_Live], total_tokens: int) -> bool:
+        """A decode step inside the last page while calm: it only marks the request decoding
+        (what ``_extend`` leaves: no page, nothing evicted, no merge)."""
+        req, state = live.request, live.state
+        if total_tokens != req.num_computed_tokens + 1 or req.num_computed_tokens < state.prefill_end:
+            return False
+        if total_tokens > len(state.pages) * self.page_size or not self._calm():
+            return False
+        state.decoding = True
+        return True
+
+    def _opens_page(self, live: LiveRequest[_Live]) -> bool:
+        """Whether the live request's next step is a decode step that opens exactly one page."""
+        req, state = live.request, live.state
+        total = req.num_computed_tokens + 1
+        return (total > live.reserved and req.num_computed_tokens >= state.prefill_end
+                and total == len(state.pages) * self.page_size + 1)
+
     def _extend_batch(
         self, records: list[LiveRequest[_Live]], num_new_tokens: int, evicted: list[tuple[int, int]]
     ) -> int:
-        """A decode batch as ``_extend`` one request after another would run it, with the
-        steps that neither evict nor merge taken without the general path: while a page is
-        free (SGLang's decode then has nothing to evict for) and no merge is due, a step
-        inside the last page only marks the request decoding, and a run of steps that each
-        open a page takes its pages in one ``alloc``, front of the free list first, as the
-        one-by-one allocations would. Anything else goes through ``_extend``."""
+        """One request after another, as the base does, except that a run of decode steps
+        that each open a page takes its pages in one ``alloc`` while calm, front of the free
+        list first, as the one-by-one allocations would (SGLang allocates the decode batch's
+        ``out_cache_loc`` at once)."""
         if num_new_tokens != 1:
             return super()._extend_batch(records, num_new_tokens, evicted)
-        p, pool = self.page_size, self.pool
-        count = len(records)
-        k = 0
+        k, count = 0, len(records)
         while k < count:
-            live = records[k]
-            req, state = live.request, live.state
-            total = req.num_computed_tokens + 1
-            if total <= live.reserved:
-                k += 1
+            if self._opens_page(records[k]) and self._calm():
+                # (a batch of one, the per-request allocate, needs no run: its page is the alloc)
+                run = 1 if k + 1 == count else self._page_opening_run(records, k, self.pool.num_ready)
+                pages = self.pool.alloc(run)  # none merges: a run stops at the ready pages
+                assert pages is not None
+                for i in range(run):
+                    opened = records[k + i]
+                    opened.state.pages.extend(pages if run == 1 else pages[i : i + 1])
+                    opened.state.decoding = True
+                    opened.reserved += 1
+                k += run
                 continue
-            calm = pool.num_free > 0 and not pool.would_merge(0, 1)
-            if calm and req.num_computed_tokens >= state.prefill_end:  # a decode step
-                held = len(state.pages) * p
-                if total <= held:  # inside the last page: no page, nothing to evict
-                    state.decoding = True
-                    live.reserved = total
-                    k += 1
-                    continue
-                if total == held + 1:  # opens one page: take the run's pages at once
-                    run = 1 if k + 1 == count else self._page_opening_run(records, k, pool.num_ready)
-                    pages = pool.alloc(run)  # none merges: a run stops at the ready pages
-                    assert pages is not None
-                    for i in range(run):
-                        opened = records[k + i]
-                        opened.state.pages.extend(pages[i : i + 1] if run > 1 else pages)
-                        opened.state.decoding = True
-                        opened.reserved += 1
-                    k += run
-                    continue
-            if not self._extend_one(k, live, 1, evicted):
+            if not self._extend_one(k, records[k], 1, evicted):
                 return k
             k += 1
         return count
 
     def _page_opening_run(self, records: list[LiveRequest[_Live]], start: int, limit: int) -> int:
-        """How many records from ``start`` on (at most ``limit``: the pages ready in the free
-        list, so no allocation of the run evicts or merges) are decode steps that each open
-        exactly one new page (at least 1: ``start`` is one)."""
-        p, end = self.page_size, min(len(records), start + limit)
+        """How many records from ``start`` on (one at least: ``start`` opens a page; at most
+        ``limit``, the pages ready in the free list, so no allocation of the run evicts or
+        merges) are decode steps that each open one page."""
+        end = min(len(records), start + limit)
         k = start + 1
-        while k < end:
-            live = records[k]
-            req, state = live.request, live.state
-            total = req.num_computed_tokens + 1
-            if total <= live.reserved or req.num_computed_tokens < state.prefill_end:
-                break
-            if total != len(state.pages) * p + 1:
-                break
+        while k < end and self._opens_page(records[k]):
             k += 1
         return k - start
 
