@@ -46,6 +46,9 @@ def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) 
     assert reproduce.main(argv) == 0
     # Wall-clock benches are committed measurements (make bench): reproduce never runs one.
     assert not (results / "bench").exists()
+    # Each study's runtime is recorded beside the results (a wall-clock file git ignores).
+    times = json.loads((results / "reproduce_times_tiny.json").read_text())["studies_s"]
+    assert set(times) == {study.STUDY for study in reproduce.STUDIES}
     figures, inputs = included(MAIN_TEX.read_text())
     for f in figures:
         path = paper / f
