@@ -9,13 +9,22 @@ block that the trace calls different never happens here.
 
 Traces are read in place (never copied into the repo): a bare file name is looked up in the
 data directory, ``../shared/data`` beside the repo if present, else ``$PREFIXCACHE_DATA``.
+
+Reading checks every row, so a bad trace fails here, before any simulation: a ``TraceError``
+(a ValueError) names the file, the 1-based line and the field. Blank lines are skipped (they
+hold no request; skipping loses nothing). Rows out of timestamp order are sorted, stably, with
+one ``TraceOrderWarning`` (see ``_in_arrival_order``). ``scale_arrivals`` rescales the load.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
+import math
+import numbers
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,7 +51,12 @@ class TraceRecord:
 
 
 class TraceError(ValueError):
-    """A malformed trace line; the message names the file and line number."""
+    """A malformed trace: the message names the file, and the 1-based line and the field
+    where there is one."""
+
+
+class TraceOrderWarning(UserWarning):
+    """A trace's rows were not in timestamp order; the reader sorted them (stably)."""
 
 
 def data_dir() -> Path:
@@ -60,38 +74,76 @@ def resolve(path: str | Path) -> Path:
     p = Path(path)
     if p.exists():
         return p
-    candidate = data_dir() / p.name
+    try:
+        directory = data_dir()
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"trace {str(path)!r} not found ({e})") from None
+    candidate = directory / p.name
     if candidate.exists():
         return candidate
-    raise FileNotFoundError(f"trace {str(path)!r} not found (also looked in {data_dir()})")
+    raise FileNotFoundError(f"trace {str(path)!r} not found (also looked in {directory})")
 
 
 # ------------------------------------------------------------------------------ Mooncake
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+_HASH_ID_END = 1 << 64  # ids are expanded as uint64 (``_blocks_tokens``)
+
+
 def read_mooncake(path: str | Path) -> list[TraceRecord]:
-    p = resolve(path)
+    """One ``TraceRecord`` per JSON line (blank lines skipped), in arrival order."""
+    p = _trace_file(path)
     out: list[TraceRecord] = []
-    with p.open() as f:
+    lines: list[int] = []
+    with p.open("rb") as f:  # json.loads takes bytes; a line that is not UTF-8 fails in it
         for lineno, line in enumerate(f, 1):
-            if not line.strip():
+            if line.isspace():
                 continue
             try:
-                obj = json.loads(line)
-                rec = TraceRecord(
-                    float(obj["timestamp"]) / 1000.0,  # ms -> s
-                    _nonneg_int(obj["input_length"], "input_length"),
-                    _nonneg_int(obj["output_length"], "output_length"),
-                    tuple(_nonneg_int(h, "hash id") for h in obj["hash_ids"]),
-                )
-                blocks = -(-rec.input_length // MOONCAKE_BLOCK)
-                if rec.input_length == 0 or len(rec.hash_ids) != blocks:
-                    raise ValueError(
-                        f"input_length {rec.input_length} needs {blocks} hash ids of "
-                        f"{MOONCAKE_BLOCK}-token blocks, got {len(rec.hash_ids)}"
-                    )
-            except (ValueError, KeyError, TypeError) as e:
-                raise TraceError(f"{p}:{lineno}: malformed Mooncake record: {e!r}") from None
-            out.append(rec)
-    return out
+                out.append(_mooncake_record(line))
+            except ValueError as e:
+                raise TraceError(f"{p}:{lineno}: malformed Mooncake line: {e}") from None
+            lines.append(lineno)
+    if not out:
+        raise TraceError(f"{p}: empty trace: it holds no requests")
+    return _in_arrival_order(out, lines, p)
+
+
+def _mooncake_record(line: bytes) -> TraceRecord:
+    """The record of one non-blank line; ValueError naming the field that is wrong."""
+    if line.lstrip().startswith(b"["):
+        raise ValueError("a JSON array; a Mooncake trace is JSON lines, one object per line")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:  # its own "line 1" would be within this one line
+        raise ValueError(f"not JSON ({e.msg} at column {e.pos + 1})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start + 1})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object with fields {', '.join(MOONCAKE_FIELDS)}, "
+                         f"got {type(obj).__name__}")
+    missing = [k for k in MOONCAKE_FIELDS if k not in obj]
+    if missing:
+        raise ValueError(f"missing field {', '.join(map(repr, missing))}")
+    ms = obj["timestamp"]
+    try:
+        seconds = float(ms) / 1000.0 if type(ms) in (int, float) else math.nan  # not bool, not str
+    except OverflowError:  # an int beyond float
+        seconds = math.inf
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"field 'timestamp' must be a finite number of ms >= 0, got {ms!r}")
+    input_length = _count(obj["input_length"], "input_length", minimum=1)
+    output_length = _count(obj["output_length"], "output_length")
+    ids = obj["hash_ids"]
+    if type(ids) is not list:
+        raise ValueError(f"field 'hash_ids' must be a list of integers, got {ids!r}")
+    if ids and ({*map(type, ids)} != {int} or min(ids) < 0 or max(ids) >= _HASH_ID_END):
+        i = next(i for i, h in enumerate(ids) if type(h) is not int or not 0 <= h < _HASH_ID_END)
+        raise ValueError(f"field 'hash_ids' item {i} must be an integer in [0, 2**64), got {ids[i]!r}")
+    blocks = -(-input_length // MOONCAKE_BLOCK)
+    if len(ids) != blocks:
+        raise ValueError(f"field 'hash_ids': input_length {input_length} needs {blocks} hash ids of "
+                         f"{MOONCAKE_BLOCK}-token blocks, got {len(ids)}")
+    return TraceRecord(seconds, input_length, output_length, tuple(ids))
 
 
 def write_mooncake(path: str | Path, records: Iterable[TraceRecord]) -> None:
@@ -147,40 +199,117 @@ def hash_ids_of(prompts: Sequence[Sequence[int]], block: int = MOONCAKE_BLOCK) -
 
 
 # ------------------------------------------------------------------------------ Azure
+AZURE_FIELDS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
 def read_azure(path: str | Path) -> list[TraceRecord]:
-    """Azure LLM inference trace (TIMESTAMP, ContextTokens, GeneratedTokens); arrivals are
-    seconds after the first request."""
-    p = resolve(path)
-    out: list[TraceRecord] = []
-    t0: datetime | None = None
-    with p.open(newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        expected = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
-        if header is None or [h.strip() for h in header[:3]] != expected:
-            raise TraceError(f"{p}:1: expected header {','.join(expected)}, got {header}")
-        for lineno, row in enumerate(reader, 2):
-            try:
-                stamp = datetime.fromisoformat(row[0].strip())
-                t0 = t0 or stamp
-                ctx = _nonneg_int(int(row[1]), "ContextTokens")
-                if ctx == 0:
-                    raise ValueError("ContextTokens is 0")
-                gen = _nonneg_int(int(row[2]), "GeneratedTokens")
-                out.append(TraceRecord((stamp - t0).total_seconds(), ctx, gen))
-            except (ValueError, IndexError) as e:
-                raise TraceError(f"{p}:{lineno}: malformed Azure row {row}: {e!r}") from None
-    return out
+    """Azure LLM inference trace (TIMESTAMP, ContextTokens, GeneratedTokens), blank rows
+    skipped, in arrival order; arrivals are seconds after the earliest request."""
+    p = _trace_file(path)
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # a byte-order mark (spreadsheet export) is no error
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise TraceError(f"{p}:{line}: not UTF-8 text ({e.reason})") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None)
+    if header is None:
+        raise TraceError(f"{p}: empty trace: it holds no requests")
+    if [h.strip() for h in header[:3]] != list(AZURE_FIELDS):
+        raise TraceError(f"{p}:1: expected header {','.join(AZURE_FIELDS)}, got {header}")
+    stamps: list[datetime] = []
+    lengths: list[tuple[int, int]] = []
+    lines: list[int] = []
+    for row in reader:
+        if len(row) <= 1 and not "".join(row).strip():  # a blank line
+            continue
+        try:
+            stamp, ctx, gen = _azure_row(row)
+        except ValueError as e:
+            raise TraceError(f"{p}:{reader.line_num}: malformed Azure row {row}: {e}") from None
+        stamps.append(stamp)
+        lengths.append((ctx, gen))
+        lines.append(reader.line_num)
+    if not stamps:
+        raise TraceError(f"{p}: no rows after the header: it holds no requests")
+    try:
+        t0 = min(stamps)
+    except TypeError:  # time-zone-aware and naive datetimes do not compare
+        naive = stamps[0].tzinfo is None
+        line = next(n for s, n in zip(stamps, lines, strict=True) if (s.tzinfo is None) != naive)
+        raise TraceError(f"{p}:{line}: field 'TIMESTAMP' mixes time-zone-aware and naive times") from None
+    out = [TraceRecord((s - t0).total_seconds(), c, g) for s, (c, g) in zip(stamps, lengths, strict=True)]
+    return _in_arrival_order(out, lines, p)
+
+
+def _azure_row(row: list[str]) -> tuple[datetime, int, int]:
+    if len(row) < len(AZURE_FIELDS):
+        raise ValueError(f"missing field {', '.join(map(repr, AZURE_FIELDS[len(row):]))}")
+    try:
+        stamp = datetime.fromisoformat(row[0].strip())
+    except ValueError:
+        raise ValueError(f"field 'TIMESTAMP' must be an ISO date and time, got {row[0]!r}") from None
+    return stamp, _int(row[1], "ContextTokens", minimum=1), _int(row[2], "GeneratedTokens")
 
 
 def read_trace(path: str | Path) -> list[TraceRecord]:
-    """Mooncake for .jsonl, Azure for .csv."""
-    p = resolve(path)
+    """Mooncake for .jsonl, Azure for .csv; in arrival order (rows out of order are sorted,
+    with one TraceOrderWarning: ``_in_arrival_order`` says why)."""
+    p = _trace_file(path)
     if p.suffix == ".jsonl":
         return read_mooncake(p)
     if p.suffix == ".csv":
         return read_azure(p)
     raise ValueError(f"unknown trace format {p.suffix!r} for {p}; expected .jsonl (Mooncake) or .csv (Azure)")
+
+
+def _trace_file(path: str | Path) -> Path:
+    """``resolve(path)``, refusing a folder (FileNotFoundError if there is no such file)."""
+    p = resolve(path)
+    if p.is_dir():
+        raise TraceError(f"{p}: is a folder; a trace is one .jsonl (Mooncake) or .csv (Azure) file")
+    return p
+
+
+def _in_arrival_order(records: list[TraceRecord], lines: list[int], path: Path) -> list[TraceRecord]:
+    """``records`` sorted by timestamp, stably, with one ``TraceOrderWarning`` if they were not.
+
+    A trace's order is its arrival order: requests are numbered (``trace-i``) and read by the
+    engine as listed, and a request listed after a later one joins only when it is read, after
+    its own arrival, so its wait counts from the past (an Azure trace with rows out of order
+    showed TTFTs 10-20 s too long). Sorting keeps every request and the listed order among equal
+    timestamps; refusing would send a researcher to edit a public trace by hand. The warning
+    says so, since sorting renumbers requests."""
+    ts = np.fromiter((r.timestamp for r in records), dtype=np.float64, count=len(records))
+    late = ts[1:] < np.maximum.accumulate(ts)[:-1]  # row i+1 comes after a later arrival
+    if not late.any():
+        return records
+    warnings.warn(
+        f"{path}: {int(late.sum())} of {len(records)} rows are out of timestamp order (the first at "
+        f"line {lines[int(late.argmax()) + 1]}); sorted them by timestamp (stable), as a trace's "
+        "order is its arrival order",
+        TraceOrderWarning,
+        stacklevel=3,
+    )
+    return [records[i] for i in np.argsort(ts, kind="stable")]
+
+
+def scale_arrivals(records: Sequence[TraceRecord], factor: float) -> list[TraceRecord]:
+    """New records whose arrivals lie ``factor`` times as far from the earliest one (the first,
+    in a trace read here): 0.5 replays the same requests at twice the load, 2 at half. Lengths
+    and hash ids are kept and ``records`` is left as it was. ValueError unless ``factor`` is a
+    finite number > 0."""
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not (
+        math.isfinite(factor) and factor > 0
+    ):
+        raise ValueError(f"arrival scale must be a finite number > 0 (0.5 = twice the load), got {factor!r}")
+    if not records:
+        return []
+    t0 = min(r.timestamp for r in records)
+    factor = float(factor)
+    return [TraceRecord(t0 + (r.timestamp - t0) * factor, r.input_length, r.output_length, r.hash_ids)
+            for r in records]
 
 
 # ------------------------------------------------------------------------------ to requests
@@ -227,7 +356,14 @@ def infinite_cache_block_hit_rate(records: Iterable[TraceRecord]) -> float:
     return hits / total if total else 0.0
 
 
-def _nonneg_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+def _int(text: str, field: str, minimum: int = 0) -> int:
+    try:
+        return _count(int(text), field, minimum)
+    except ValueError:
+        raise ValueError(f"field {field!r} must be an integer >= {minimum}, got {text!r}") from None
+
+
+def _count(value: object, field: str, minimum: int = 0) -> int:
+    if type(value) is not int or value < minimum:  # type, not isinstance: bool is no count
+        raise ValueError(f"field {field!r} must be an integer >= {minimum}, got {value!r}")
     return value
