@@ -3,7 +3,7 @@
 from prefixcache.config import CacheConfig
 from prefixcache.cost_model import CostModel
 from prefixcache.engine import Engine
-from prefixcache.eviction import eviction_policies
+from prefixcache.eviction import eviction_policies, load_policy_spec, register_policy
 from prefixcache.interface import (
     CacheStats,
     InvariantError,
@@ -43,9 +43,11 @@ __all__ = [
     "available_backends",
     "available_schedulers",
     "eviction_policies",
+    "load_policy_spec",
     "make_cache",
     "make_scheduler",
     "register_backend",
+    "register_policy",
     "simulated_tokens",
 ]
 __version__ = "0.1.0"

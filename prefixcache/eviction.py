@@ -17,7 +17,9 @@ carry the same fields:
     policy_state      what a learning policy keeps on it (wa), None until then
 
 ``make_policy`` builds one by name; ``eviction_policies`` lists the names a backend accepts.
-A new policy is one small class with ``priority(entry)``. A *segmented* policy (arc, s3fifo,
+A new policy is one small class with ``priority(entry)``; a user's own is added with
+``register_policy(name, cls)`` or named by where it lives, ``"package.module:Class"``
+(``load_policy_spec``), without editing this file. A *segmented* policy (arc, s3fifo,
 wa) keys entries (segment, key in segment) and picks the segment to evict from with
 ``choose``; caches keep its entries in a ``SegmentedIndex`` (``make_index``). Policies with a
 ghost learn of new and evicted entries' content ids through ``admit`` and ``forget``.
@@ -26,9 +28,12 @@ ghost learn of new and evicted entries' content ids through ``admit`` and ``forg
 from __future__ import annotations
 
 import bisect
+import importlib
+import inspect
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
+from operator import attrgetter
 from typing import Any, Protocol
 
 from sortedcontainers import SortedList
@@ -496,12 +501,17 @@ BACKENDS_WITH_POLICIES = ("hashchain", "radix")
 CAPACITY_POLICIES: dict[str, type] = {"arc": ARC, "s3fifo": S3FIFO, "lrp": LearnedReuse}
 LOOKUP_POLICIES = ("lrp",)  # need the manager's lookups: hashchain and the block model only
 _EXTRA = {"hashchain": tuple(CAPACITY_POLICIES), "radix": ("arc", "s3fifo")}
+# A user's own policies (register_policy), by lower-case name; built-in names stay fixed.
+USER_POLICIES: dict[str, type] = {}
+_HOOKS = ("evicted_key", "admit", "forget", "choose")  # optional; called when present
 
 
 def make_policy(name: str, capacity: int | None = None, lookups: bool = True) -> EvictionPolicy:
     """The policy called ``name`` (case-insensitive); ValueError listing the valid names.
     ``capacity`` (entries the cache holds) is needed by the policies with a ghost (``arc``,
-    ``s3fifo``, ``lrp``); ``lookups`` is False for a cache that cannot feed ``lrp``."""
+    ``s3fifo``, ``lrp``); ``lookups`` is False for a cache that cannot feed ``lrp``. A name
+    ``"package.module:Class"`` not yet registered is loaded (``load_policy_spec``), so a
+    process that did not register it (a sweep's worker) builds it too."""
     key = name.lower() if isinstance(name, str) else None
     if key in LOOKUP_POLICIES and not lookups:
         raise ValueError(f"eviction policy {name!r} learns from each request's lookup: "
@@ -510,19 +520,95 @@ def make_policy(name: str, capacity: int | None = None, lookups: bool = True) ->
         if capacity is None or capacity < 1:
             raise ValueError(f"eviction policy {name!r} needs the cache's capacity in entries")
         return CAPACITY_POLICIES[key](capacity)  # type: ignore[no-any-return]
-    cls = POLICIES.get(key) if key is not None else None
+    if key is not None and ":" in key and key not in USER_POLICIES:
+        load_policy_spec(name)
+    cls = (POLICIES.get(key) or USER_POLICIES.get(key)) if key is not None else None
     if cls is None:
-        valid = ", ".join([*POLICIES, *CAPACITY_POLICIES])
-        raise ValueError(f"unknown eviction policy {name!r}; valid: {valid}")
+        valid = ", ".join([*POLICIES, *CAPACITY_POLICIES, *USER_POLICIES])
+        raise ValueError(f"unknown eviction policy {name!r}; valid: {valid}, "
+                         "or a class as 'package.module:Class'")
     return cls()  # type: ignore[no-any-return]
 
 
 def eviction_policies(backend: str) -> list[str]:
     """The ``eviction_policy`` names ``make_cache(backend, ...)`` accepts (ValueError for a
-    backend that takes none)."""
+    backend that takes none): the built-in ones, then those registered."""
     if backend not in BACKENDS_WITH_POLICIES:
         raise ValueError(
             f"backend {backend!r} takes no eviction_policy; "
             f"those that do: {', '.join(BACKENDS_WITH_POLICIES)}"
         )
-    return [*POLICIES, *_EXTRA[backend]]
+    return [*POLICIES, *_EXTRA[backend], *USER_POLICIES]
+
+
+def register_policy(name: str, cls: type, *, replace: bool = False) -> str:
+    """Make ``cls`` the eviction policy ``name`` (case-insensitive) of both backends:
+    ``make_cache("radix" | "hashchain", config, eviction_policy=name)``. Returns ``name``.
+
+    ``cls()`` (no arguments) builds one; its ``priority(entry)`` is the entry's sort key, the
+    smallest evicted first, read from the fields the module docstring lists. The optional
+    hooks are the built-ins': ``evicted_key`` (GDSF), ``admit`` / ``forget`` (a ghost),
+    ``segmented`` with ``choose``, ``stale_keys``. ValueError if ``name`` is taken (a built-in
+    name always; a registered one unless ``replace``), or ``cls`` is not such a class."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"an eviction policy's name must be a non-empty string, got {name!r}")
+    key = name.lower()
+    if key in POLICIES or key in CAPACITY_POLICIES:
+        raise ValueError(f"eviction policy {name!r} is built in and cannot be replaced; choose another name")
+    if key in USER_POLICIES and USER_POLICIES[key] is not cls and not replace:
+        raise ValueError(f"eviction policy {name!r} is already registered "
+                         f"({USER_POLICIES[key].__qualname__}); pass replace=True to replace it")
+    _check_policy_class(name, cls)
+    USER_POLICIES[key] = cls
+    return name
+
+
+def unregister_policy(name: str) -> None:
+    """Forget a policy ``register_policy`` added (ValueError for a built-in or unknown name)."""
+    if not isinstance(name, str) or name.lower() not in USER_POLICIES:
+        registered = ", ".join(USER_POLICIES) or "none"
+        raise ValueError(f"{name!r} is not a registered eviction policy (registered: {registered})")
+    del USER_POLICIES[name.lower()]
+
+
+def load_policy_spec(spec: str) -> str:
+    """Import ``"package.module:Class"`` and register the class under ``spec`` itself (again,
+    if the spec was loaded before); returns ``spec`` for ``eviction_policy=``. ValueError
+    naming the spec when it is malformed, does not import or has no such class."""
+    module_name, _, attr = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not module_name or not attr:
+        raise ValueError(f"an eviction policy class is named 'package.module:Class', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or whatever the module raised
+        raise ValueError(f"eviction policy {spec!r}: cannot import {module_name!r}: {e!r}") from e
+    try:
+        cls = attrgetter(attr)(module)
+    except AttributeError:
+        raise ValueError(f"eviction policy {spec!r}: module {module_name!r} has no {attr!r}") from None
+    return register_policy(spec, cls, replace=True)
+
+
+def _check_policy_class(name: str, cls: object) -> None:
+    """ValueError naming what ``cls`` lacks to be built and used as a policy."""
+    if not inspect.isclass(cls):
+        raise ValueError(f"eviction policy {name!r} must be a class (make_policy calls it), got {cls!r}")
+    needed = ["priority", *(["choose"] if getattr(cls, "segmented", False) else [])]
+    missing = [m for m in needed if not callable(getattr(cls, m, None))]
+    wrong = [h for h in _HOOKS if h not in missing and getattr(cls, h, None) is not None
+             and not callable(getattr(cls, h))]
+    if missing or wrong:
+        raise ValueError(
+            f"eviction policy {name!r}: {cls.__qualname__} must have the method(s) "
+            f"{', '.join(missing + wrong)} (priority(entry) -> sort key, smallest evicted first; "
+            "a segmented policy also choose(sizes, heads))"
+        )
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except ValueError:  # no signature to read (a class made in C): make_policy will find out
+        return
+    needs = [p.name for p in params
+             if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if needs:
+        raise ValueError(f"eviction policy {name!r}: {cls.__qualname__}() must take no arguments "
+                         f"(make_policy builds it so), but it needs {', '.join(needs)}")
