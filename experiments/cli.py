@@ -1,28 +1,41 @@
-"""The ``prefixcache`` command: run, sweep, trace, show, reproduce.
+"""The prefixcache command: run, sweep, plot, trace, show, reproduce.
 
-Every run writes one folder under ``--out`` named from its config (``config.json``,
-``requests.parquet`` or ``requests.csv``, ``summary.json``). A folder that already holds a
-summary is a finished run: it is skipped, never overwritten (``--force`` runs again into a new
-folder with a numbered suffix).
+Every run writes one folder under --out named from its settings and the digest of its
+content (the trace's bytes and every setting that changes a result; see run_store.py):
+config.json, requests.parquet (or requests.csv) and summary.json. A folder whose files are
+all there and valid is a finished run: it is skipped, never overwritten (--force runs again
+into a new folder with a numbered suffix).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import itertools
+import inspect
 import json
+import math
+import os
 import sys
 import time
-import tomllib
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from prefixcache.experiments.analysis.bounds import OFFLINE_DFS, offline_schedule
+from prefixcache.experiments.run_store import (
+    check_writable_file,
+    check_writable_folder,
+    finished_summary,
+    read_requests,
+    read_summary,
+    run_name,
+    write_run,
+    write_tables,
+)
+from prefixcache.experiments.sweep_file import EXAMPLE, SECTIONS, read_sweep
 
 from prefixcache import (
     CacheConfig,
@@ -43,6 +56,9 @@ DEFAULTS: dict[str, Any] = {
     "page_size": 16,
     "token_budget": 2048,
     "seed": 0,
+    "eviction_policy": None,  # None: the backend's default (lru), written out when resolved
+    "layout": None,  # a ModelLayout preset or a list of layers; None: one full-attention layer
+    "arrival_scale": 1.0,  # arrival times x this, counted from the first (0.5: twice the load)
     "params": {},
     "options": {},  # the backend's own keywords (make_cache), e.g. {"use_eagle": true}
     "host_tier": None,  # HostTierConfig fields (prefixcache.tiers) or None: no host tier
@@ -54,26 +70,16 @@ HOST_FLAGS = (("--host-tokens", "capacity_tokens", int, "host tier size in token
               ("--host-write-policy", "write_policy", str,
                "radix: write_through, write_through_selective or write_back"),
               ("--host-block-size", "block_size", int, "hashchain: offloaded chunk in tokens"))
-
+# Options with a key of their own (moved there, so that both spellings are one run), and
+# options that are not settings (filled in by the program).
+OWN_KEYS = ("eviction_policy", "layout")
+INTERNAL_OPTIONS = ("host_tier", "known_prompt_hashes", "clock", "attention_groups")
+POWERS_OF_TWO_NOTE = (
+    "vLLM's --block-size takes 1, 8, 16, 32, 64, 128 or 256 (vllm/config/cache.py BlockSize) "
+    "and SGLang's kernels are built for power-of-two pages"
+)
 
 INDEX_MEMORY_KEYS = ("index_bytes", "index_bytes_per_cached_token")
-
-
-def run_name(cfg: dict[str, Any]) -> str:
-    source = Path(cfg["trace"]).stem if cfg.get("trace") else cfg["workload"]
-    name = (
-        f"{source}-{cfg['backend']}-{cfg['scheduler']}-cap{cfg['capacity_tokens']}"
-        f"-p{cfg['page_size']}-b{cfg['token_budget']}-s{cfg['seed']}"
-    )
-    if cfg.get("limit") is not None:
-        name += f"-first{cfg['limit']}"
-    if cfg.get("params"):
-        name += "-" + hashlib.sha1(json.dumps(cfg["params"], sort_keys=True).encode()).hexdigest()[:8]
-    if cfg.get("options"):
-        name += "-opt" + hashlib.sha1(json.dumps(cfg["options"], sort_keys=True).encode()).hexdigest()[:8]
-    if cfg.get("host_tier"):
-        name += "-host" + hashlib.sha1(json.dumps(cfg["host_tier"], sort_keys=True).encode()).hexdigest()[:8]
-    return name
 
 
 def scheduler_names() -> list[str]:
@@ -82,11 +88,15 @@ def scheduler_names() -> list[str]:
 
 
 def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Every setting of a run, checked and resolved (an explicit default is the default), so
+    that equal results have equal configs; ValueError listing the valid values, before any work."""
     unknown = sorted(set(overrides) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown config key(s) {unknown}; valid: {sorted(DEFAULTS)}")
+    if overrides.get("trace") and overrides.get("workload"):
+        raise ValueError("give a --trace or a --workload, not both")
     cfg = {**DEFAULTS, **overrides}
-    # Fail early, listing the valid names, before any work starts.
+    cfg["options"] = _own_keys_out_of_options(cfg, overrides)
     if cfg["backend"] not in available_backends():
         raise ValueError(f"unknown backend {cfg['backend']!r}; valid: {', '.join(available_backends())}")
     if cfg["scheduler"] != OFFLINE_DFS:
@@ -95,14 +105,31 @@ def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             valid = ", ".join(scheduler_names())
             raise ValueError(f"unknown scheduler {cfg['scheduler']!r}; valid: {valid}") from None
+    for key in ("capacity_tokens", "page_size", "token_budget"):
+        _check_int(key, cfg[key], minimum=1)
+    _check_int("seed", cfg["seed"], minimum=0)
+    if cfg["limit"] is not None:
+        _check_int("limit", cfg["limit"], minimum=1, note=" (leave it out for every request)")
+    cfg["arrival_scale"] = _arrival_scale(cfg["arrival_scale"])
+    if cfg["page_size"] & (cfg["page_size"] - 1):
+        warnings.warn(f"page size {cfg['page_size']} is not a power of two: {POWERS_OF_TWO_NOTE}; "
+                      "the run models neither engine as deployed", stacklevel=2)
+    cfg["layout"] = _layout(cfg["layout"])
+    CacheConfig(cfg["capacity_tokens"], cfg["page_size"], layout=cfg["layout"])  # its own errors
+    cfg["eviction_policy"] = _eviction_policy(cfg["backend"], cfg["eviction_policy"])
+    _check_option_names(cfg["backend"], cfg["options"])
     if cfg["host_tier"] is not None:
         host_tier_of(cfg)  # bad fields or values: the tier's own ValueError, before any work
-    limit = cfg["limit"]
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"--limit must be an int >= 1 (leave it out for every request), got {limit!r}")
     if cfg["trace"]:
         if cfg["params"]:
             raise ValueError(f"--param sets workload parameters; a trace takes none (got {cfg['params']})")
+        from prefixcache.experiments.inputs.traces import resolve
+
+        trace = resolve(cfg["trace"])
+        if not trace.exists():
+            raise FileNotFoundError(f"trace {cfg['trace']} does not exist")
+        if not trace.is_file():
+            raise ValueError(f"trace {cfg['trace']} is not a file")
         cfg["workload"] = None  # the trace is the source: config.json must not name a workload
     else:
         from prefixcache.experiments.inputs.workloads import make_workload
@@ -111,8 +138,93 @@ def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def _check_int(key: str, value: object, *, minimum: int, note: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        flag = "--" + key.replace("_", "-")
+        raise ValueError(f"{flag} must be an int >= {minimum}{note}, got {value!r}")
+
+
+def _arrival_scale(value: object) -> float:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type, operator]
+        raise ValueError(f"--arrival-scale must be a finite number > 0, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _own_keys_out_of_options(cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The options without those that have a key of their own (moved to that key)."""
+    options = dict(cfg["options"] or {})
+    for key in OWN_KEYS:
+        if key in options:
+            value = options.pop(key)
+            if overrides.get(key) is not None and overrides[key] != value:
+                raise ValueError(f"{key} is given twice: {overrides[key]!r} and option {value!r}")
+            cfg[key] = value
+    if "host_tier" in options:
+        raise ValueError("a host tier is set by the --host-* flags (a [host_tier] section), not an option")
+    return options
+
+
+def _layout(layout: Any) -> Any:
+    """A layout as config.json keeps it: a preset name, or a list of layer lists."""
+    if layout is None or isinstance(layout, str):
+        return layout
+    if isinstance(layout, (list, tuple)):
+        return [list(layer) if isinstance(layer, (list, tuple)) else layer for layer in layout]
+    raise ValueError(f"layout must be a preset name or a list of layers, got {layout!r}")
+
+
+def _eviction_policy(backend: str, name: Any) -> str | None:
+    """The policy's resolved name (lru when none is given), or None for a backend without one."""
+    from prefixcache.eviction import BACKENDS_WITH_POLICIES, eviction_policies
+
+    if backend not in BACKENDS_WITH_POLICIES:
+        if name is not None:
+            raise ValueError(f"backend {backend!r} takes no eviction policy; "
+                             f"those that do: {', '.join(BACKENDS_WITH_POLICIES)}")
+        return None
+    if name is None:
+        return "lru"
+    if not isinstance(name, str):
+        raise ValueError(f"eviction policy must be a name, got {name!r}")
+    if ":" in name:
+        from prefixcache.eviction import load_policy_spec
+
+        return load_policy_spec(name)  # a user's own class, "package.module:Class"
+    valid = eviction_policies(backend)
+    if name.lower() not in valid:
+        raise ValueError(f"unknown eviction policy {name!r} for {backend}; valid: {', '.join(valid)} "
+                         "or a class as package.module:Class")
+    return name.lower()
+
+
+def option_names(backend: str) -> list[str] | None:
+    """The keywords ``make_cache(backend, ...)`` takes that are settings of a run (None when
+    a registered backend takes any keyword: then the backend itself judges them)."""
+    from prefixcache.registry import backend_classes
+
+    names: set[str] = set()
+    for cls in backend_classes(backend):
+        params = inspect.signature(cls).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        names.update(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+    return sorted(names - set(INTERNAL_OPTIONS) - set(OWN_KEYS))
+
+
+def _check_option_names(backend: str, options: dict[str, Any]) -> None:
+    valid = option_names(backend)
+    if valid is None:
+        return
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"backend {backend!r} takes no option {', '.join(unknown)}; "
+                         f"valid: {', '.join(valid) or 'none'}")
+
+
 def host_tier_of(cfg: dict[str, Any]) -> Any:
-    """The config's HostTierConfig, or None."""
+    """The config's HostTierConfig, or None. A tier needs a size: the other fields alone
+    (a host eviction policy, say) are an error, not a tier of the default size."""
     from prefixcache.tiers import HostTierConfig
 
     tier = cfg["host_tier"]
@@ -120,6 +232,10 @@ def host_tier_of(cfg: dict[str, Any]) -> Any:
         return None
     if not isinstance(tier, dict):
         raise ValueError(f"host_tier must be a table of HostTierConfig fields, got {tier!r}")
+    if tier.get("capacity_tokens") is None and tier.get("ratio") is None:
+        given = ", ".join(sorted(tier)) or "nothing"
+        raise ValueError(f"a host tier needs a size, --host-tokens or --host-ratio "
+                         f"(capacity_tokens or ratio); got {given}")
     try:
         return HostTierConfig(**tier)
     except TypeError as e:  # an unknown field
@@ -128,20 +244,26 @@ def host_tier_of(cfg: dict[str, Any]) -> Any:
 
 def build_requests(cfg: dict[str, Any], records: Any = None) -> tuple[Any, int]:
     """The requests of a config (a lazy iterator for a trace, over ``records`` if the caller
-    read them already) and how many there are."""
-    limit = cfg["limit"]
+    read them already) and how many there are, arrivals rescaled by ``arrival_scale``."""
+    limit, scale = cfg["limit"], cfg.get("arrival_scale", 1.0)
     if cfg["trace"]:
-        from prefixcache.experiments.inputs.traces import iter_requests, read_trace
+        from prefixcache.experiments.inputs.traces import iter_requests, read_trace, scale_arrivals
 
         records = read_trace(cfg["trace"]) if records is None else records
         if not records:
             raise ValueError(f"trace {cfg['trace']} holds no requests")
+        if scale != 1.0:
+            records = scale_arrivals(records, scale)
         n = len(records) if limit is None else min(len(records), limit)
         reqs: Any = iter_requests(records, limit=limit, seed=cfg["seed"])
     else:
         from prefixcache.experiments.inputs.workloads import make_workload
 
         reqs = make_workload(cfg["workload"], seed=cfg["seed"], **cfg["params"]).generate()[:limit]
+        if scale != 1.0 and reqs:
+            first = reqs[0].arrival_time
+            for r in reqs:
+                r.arrival_time = first + (r.arrival_time - first) * scale
         n = len(reqs)
     if cfg["scheduler"] == OFFLINE_DFS:  # an offline order needs every request up front
         reqs = list(reqs)
@@ -167,20 +289,19 @@ def execute(
     progress: bool = True,
     index_memory_bytes: bool = False,
 ) -> dict[str, Any]:
-    """Run one config into its folder (or return the finished run's summary).
+    """Run one config into its folder (or return the finished run's summary, ``skipped``).
+    The folder is checked to be writable first, so no run is lost at the end; the summary's
+    ``folder`` names where the run lies.
 
     index_memory_bytes: also measure the cache's bookkeeping deeply (pympler walks every
     object: minutes for a multi-million-token pool, so only on request)."""
+    check_writable_folder(out_root)
     folder = out_root / run_name(cfg)
-    if (folder / "summary.json").exists():
-        if not force:
-            return dict(json.loads((folder / "summary.json").read_text()), skipped=True)
-        folder = next(
-            p for i in itertools.count(2) if not (p := folder.with_name(f"{folder.name}-{i}")).exists()
-        )
+    if not force and (done := finished_summary(folder, cfg)) is not None:
+        return dict(done, skipped=True, folder=str(folder))
     summary, df = simulate(cfg, progress=progress, index_memory_bytes=index_memory_bytes)
-    write_run(folder, cfg, summary, df)
-    return summary
+    folder = write_run(folder, cfg, summary, df, exist_ok=not force)
+    return dict(summary, folder=str(folder))
 
 
 def simulate(
@@ -197,6 +318,8 @@ def simulate(
 
     tier = host_tier_of(cfg)
     options = dict(cfg["options"]) | ({} if tier is None else {"host_tier": tier})
+    if cfg["eviction_policy"] is not None:
+        options["eviction_policy"] = cfg["eviction_policy"]
     if cfg["trace"]:  # read once: the requests and the hash store both come from it
         from prefixcache.experiments.inputs.traces import read_trace
 
@@ -206,9 +329,10 @@ def simulate(
     known_hashes = prompt_hash_store(cfg, trace_records)
     if known_hashes is not None:  # the same hashes, read instead of computed: not a setting
         options["known_prompt_hashes"] = known_hashes
+    config = CacheConfig(cfg["capacity_tokens"], cfg["page_size"], layout=cfg.get("layout"))
     try:
-        cache = make_cache(cfg["backend"], CacheConfig(cfg["capacity_tokens"], cfg["page_size"]), **options)
-    except TypeError as e:  # an option the backend does not take
+        cache = make_cache(cfg["backend"], config, **options)
+    except TypeError as e:  # an option of the wrong kind
         raise ValueError(f"{cfg['backend']}: {e}") from None
     requests, total = build_requests(cfg, trace_records)
     requests, scheduler = offline_schedule(requests, cfg["scheduler"])
@@ -224,11 +348,12 @@ def simulate(
             f"{run_name(cfg)}: all {len(records)} requests are larger than the cache "
             f"({cache.config.usable_tokens} usable tokens); raise --capacity-tokens"
         )
+    summary.update(over_all_requests(records))
     if summary["rejected"]:
         warnings.warn(
             f"{run_name(cfg)}: {summary['rejected']} of {len(records)} requests are larger than the "
-            f"cache ({cache.config.usable_tokens} usable tokens) and were dropped; every rate "
-            "leaves them out",
+            f"cache ({cache.config.usable_tokens} usable tokens) and never ran; token_hit_rate is over "
+            f"the {summary['admitted']} admitted, token_hit_rate_all over all {len(records)}",
             stacklevel=2,
         )
     summary.update(
@@ -254,16 +379,19 @@ def simulate(
     return summary, records_frame(records, engine.cost_model)
 
 
-def write_run(folder: Path, cfg: dict[str, Any], summary: dict[str, Any], df: pd.DataFrame) -> None:
-    """A run's folder: config.json, requests.parquet (CSV without pyarrow), summary.json last
-    (its presence marks the run finished)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
-    try:
-        df.to_parquet(folder / "requests.parquet", index=False)
-    except ImportError:  # no pyarrow: CSV is the documented fallback
-        df.to_csv(folder / "requests.csv", index=False)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+def over_all_requests(records: Sequence[Any]) -> dict[str, Any]:
+    """The summary's numbers over every request, a rejected one counting as a miss (the
+    study's request set is then the same in every cell whatever the capacity), beside the
+    usual rates over the admitted ones; and the TTFT median."""
+    prompt = sum(r.prompt_tokens for r in records)
+    ran = [r for r in records if not r.rejected]
+    ttft = [r.first_token_time - r.arrival_time for r in ran if r.first_token_time is not None]
+    return {
+        "admitted": len(ran),
+        "token_hit_rate_all": sum(r.hit_tokens for r in ran) / prompt if prompt else 0.0,
+        "request_hit_rate_all": sum(r.hit_tokens > 0 for r in ran) / len(records) if records else 0.0,
+        "ttft_p50_s": float(np.median(ttft)) if ttft else None,
+    }
 
 
 # ------------------------------------------------------------------------------ commands
@@ -272,12 +400,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     tier = {f: given[f"host_{f}"] for _, f, _, _ in HOST_FLAGS if given[f"host_{f}"] is not None}
     nested = ("params", "options", "host_tier")
     plain = {k: v for k, v in given.items() if k in DEFAULTS and v is not None and k not in nested}
+    if isinstance(plain.get("layout"), str) and plain["layout"].lstrip().startswith("["):
+        plain["layout"] = _json_value(plain["layout"], "--layout")
     nested_values = {"params": _parse_params(args.param), "options": _parse_params(args.option, "--option"),
                      "host_tier": tier or None}
     cfg = full_config(plain | nested_values)
-    s = execute(cfg, Path(args.out), force=args.force, index_memory_bytes=args.index_memory)
+    s = execute(cfg, Path(args.out), force=args.force, index_memory_bytes=args.index_memory,
+                progress=sys.stderr.isatty())
     state = "skipped (finished earlier)" if s.get("skipped") else f"{s['wall_s']:.2f}s"
-    print(f"{run_name(cfg)}: {summary_line(s)} [{state}]")
+    print(f"{Path(s['folder']).name}: {summary_line(s)} [{state}]")
     return 0
 
 
@@ -287,36 +418,36 @@ def summary_line(s: dict[str, Any]) -> str:
         f"token hit rate {s['token_hit_rate']:.1%}, request hit rate {s['request_hit_rate']:.1%} "
         f"of {ran} requests, prefill computed {s['prefill_tokens_computed']}, preemptions {s['preemptions']}"
     )
+    if s.get("ttft_p50_s") is not None:
+        line += f", TTFT p50 {s['ttft_p50_s']:.3g} s p99 {s['ttft_p99_s']:.3g} s"
     if s["rejected"]:
-        line += f", {s['rejected']} rejected (larger than the cache, left out of every rate)"
+        line += (f"; {s['rejected']} rejected (larger than the cache): token hit rate over all "
+                 f"{s['requests']} requests {s['token_hit_rate_all']:.1%}")
     return line
 
 
-def sweep_configs(path: Path) -> list[dict[str, Any]]:
-    """``[grid]`` lists are crossed; ``[fixed]`` values and ``[params]`` apply to every cell."""
-    spec = tomllib.loads(path.read_text())
-    grid = {k: v if isinstance(v, list) else [v] for k, v in spec.get("grid", {}).items()}
-    fixed = dict(spec.get("fixed", {}))
-    fixed["params"] = dict(spec.get("params", {}))
-    keys = list(grid)
-    return [
-        full_config(fixed | dict(zip(keys, combo, strict=True)))
-        for combo in itertools.product(*grid.values())
-    ]
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.example:
+        print(EXAMPLE, end="")
+        return 0
+    if args.grid is None:
+        raise ValueError("name a sweep file (prefixcache sweep --example prints one)")
     out = Path(args.out)
     grid = Path(args.grid)
-    cells = sweep_configs(grid)
-    todo = [c for c in cells if not (out / run_name(c) / "summary.json").exists()]
-    print(f"sweep: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
-    for s in _run_cells(todo, out, args.executor, args.jobs, args.address):
-        print(f"{s['config']}: {summary_line(s)}")
-    table = sweep_table(cells, out)
+    if not grid.exists():
+        raise FileNotFoundError(f"sweep file {grid} does not exist")
+    cells = read_sweep(grid, full_config)
+    check_writable_folder(out)
     stem = out / f"{grid.stem}-sweep"
-    table.to_csv(stem.with_suffix(".csv"), index=False)
-    table.to_parquet(stem.with_suffix(".parquet"), index=False)
+    for suffix in (".csv", ".parquet"):
+        check_writable_file(stem.with_suffix(suffix), "the sweep table")
+    runs = {run_name(c): c for c in cells}  # equal configs (an explicit default) are one run
+    todo = [c for name, c in runs.items() if finished_summary(out / name, c) is None]
+    print(f"sweep: {len(cells)} cells, {len(runs) - len(todo)} finished, {len(todo)} to run")
+    for _ in _run_cells(todo, out, args.executor, args.jobs, args.address):
+        pass
+    table = sweep_table(cells, out)
+    write_tables(table, stem)
     print(f"sweep table: {stem}.csv and .parquet ({len(table)} cells)")
     return 0
 
@@ -324,25 +455,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _run_cells(
     todo: list[dict[str, Any]], out: Path, executor: str, jobs: int, address: str | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Each cell's summary as it finishes (its folder written here, by the driver), the
-    progress bar advancing per finished cell."""
+    """Each cell's summary as it finishes (its folder written here, by the driver, and its
+    line printed above the progress bar, which advances per finished cell)."""
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(todo), unit="cell", disable=len(todo) < 2) as bar:
-        for cfg, summary, df in _simulations(todo, executor, jobs, address):
-            write_run(out / run_name(cfg), cfg, summary, df)
+    with tqdm(total=len(todo), unit="cell", disable=len(todo) < 2 or None) as bar:
+        for cfg, summary, df, caught in _simulations(todo, executor, jobs, address):
+            for message in caught:  # a worker's warnings, shown here, one line each
+                warnings.warn(message, stacklevel=1)
+            folder = write_run(out / run_name(cfg), cfg, summary, df)
+            bar.write(f"{folder.name}: {summary_line(summary)}")
             bar.update(1)
             yield summary
 
 
-def _simulate_cell(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], pd.DataFrame]:
-    return (cfg, *simulate(cfg))
+def _simulate_cell(cfg: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], pd.DataFrame, list[str]]:
+    """One cell in a worker, its warnings returned to the driver (a worker's stderr would
+    print them in its own format, between the driver's lines)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary, df = simulate(cfg)
+    return cfg, summary, df, list(dict.fromkeys(str(w.message) for w in caught))
 
 
 def _simulations(
     todo: list[dict[str, Any]], executor: str, jobs: int, address: str | None
-) -> Iterator[tuple[dict[str, Any], dict[str, Any], pd.DataFrame]]:
-    """(config, summary, requests) per cell, in the order cells finish."""
+) -> Iterator[tuple[dict[str, Any], dict[str, Any], pd.DataFrame, list[str]]]:
+    """(config, summary, requests, warnings) per cell, in the order cells finish."""
     if executor == "ray":
         with ray_session(address, num_cpus=jobs) as ray:
             task = ray.remote(_simulate_cell)
@@ -383,12 +522,45 @@ def ray_session(address: str | None, num_cpus: int) -> Iterator[Any]:
 
 def sweep_table(cells: list[dict[str, Any]], out: Path) -> pd.DataFrame:
     """One tidy row per cell of the grid: its config (workload parameters as ``param_*``) and
-    its summary, read back from the cell's folder."""
+    its summary, read back from the cell's folder, and ``token_hit_rate_common``: the rate
+    over the requests every cell of the same request set admitted (a warning says when the
+    cells admitted different sets: a capacity too small for some prompts drops them)."""
     from prefixcache.experiments.figures.common import flat_config
 
-    return pd.DataFrame(
-        [flat_config(cfg) | json.loads((out / run_name(cfg) / "summary.json").read_text()) for cfg in cells]
-    )
+    table = pd.DataFrame([flat_config(cfg) | read_summary(out / run_name(cfg)) for cfg in cells])
+    table["token_hit_rate_common"] = common_set_rates(cells, out)
+    return table
+
+
+def common_set_rates(cells: list[dict[str, Any]], out: Path) -> list[float]:
+    """Each cell's token hit rate over the requests that every cell with its request set
+    (same trace or workload, parameters, seed and limit) admitted."""
+    from prefixcache.experiments.run_store import identity
+
+    columns = ["request_id", "rejected", "prompt_tokens", "hit_tokens"]
+    frames = [read_requests(out / run_name(c), columns) for c in cells]
+    groups: dict[str, list[int]] = {}
+    for i, c in enumerate(cells):
+        ident = identity(c)
+        source = [ident["trace_sha256"], c["workload"], c["params"], c["seed"], c["limit"]]
+        groups.setdefault(json.dumps(source, sort_keys=True, default=str), []).append(i)
+    rates = [0.0] * len(cells)
+    for members in groups.values():
+        admitted = [frozenset(frames[i].loc[~frames[i]["rejected"], "request_id"]) for i in members]
+        common = frozenset.intersection(*admitted)
+        if len(set(admitted)) > 1:
+            sizes = sorted({len(a) for a in admitted})
+            warnings.warn(
+                f"cells over one request set admitted different requests ({sizes[0]} to {sizes[-1]} "
+                f"of {len(frames[members[0]])}; some prompts exceed the smaller caches): compare "
+                f"token_hit_rate_common, the rate over the {len(common)} that every cell admitted",
+                stacklevel=2,
+            )
+        for i in members:
+            f = frames[i][frames[i]["request_id"].isin(common)]
+            prompt = int(f["prompt_tokens"].sum())
+            rates[i] = float(f["hit_tokens"].sum()) / prompt if prompt else 0.0
+    return rates
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -430,10 +602,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     prompts = structures.parse_requests(args.requests) if args.requests else structures.WALKTHROUGH
     if args.page_size < 1:
         raise ValueError(f"--page-size must be >= 1, got {args.page_size}")
+    check_writable_file(Path(args.out), "--out")
     snap = structures.run_requests(prompts, args.page_size)
     path = structures.draw(snap, args.page_size, Path(args.out))
     for i, (h, r) in enumerate(zip(snap.hits["hashchain"], snap.hits["radix"], strict=True)):
         print(f"request {i}: {len(prompts[i])} tokens, hit hashchain {h}, radix {r}")
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """A sweep table as a picture (experiments/plot.py): one line per --hue, 95% CIs where
+    cells repeat (over seeds)."""
+    from prefixcache.experiments.plot import plot_sweep
+
+    out = Path(args.out) if args.out else Path(args.table).with_suffix(f".{args.y}.png")
+    check_writable_file(out, "--out")
+    path = plot_sweep(args.table, args.x, args.y, hue=args.hue, col=args.col, out=out)
     print(f"wrote {path}")
     return 0
 
@@ -451,13 +636,20 @@ def _parse_params(items: Sequence[str] | None, flag: str = "--param") -> dict[st
     params: dict[str, Any] = {}
     for item in items or ():
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key:
             raise ValueError(f"{flag} expects key=value, got {item!r}")
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:
             params[key] = value
     return params
+
+
+def _json_value(text: str, flag: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} {text!r} is not JSON: {e}") from None
 
 
 def _mean(xs: Any) -> float:
@@ -486,9 +678,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("--seed", "seed", "seed of workload generation and simulated outputs"),
     ):
         r.add_argument(flag, dest=key, type=int, help=f"{what} (default: {DEFAULTS[key]})")
+    r.add_argument("--eviction-policy", dest="eviction_policy",
+                   help="lru (default), lfu, fifo, mru, filo, priority, slru, wlfu, gdsf, tlru, wa, arc, "
+                   "s3fifo, lrp (hashchain), or a class of your own as package.module:Class")
+    r.add_argument("--layout", help="the model's layers: a preset (e.g. gemma3-like) or a JSON list such "
+                   'as [["sliding_window", 1024], ["full"]] (default: one full-attention layer)')
+    r.add_argument("--arrival-scale", dest="arrival_scale", type=float,
+                   help="arrival times x this, counted from the first: 0.5 is twice the load (default: 1)")
     r.add_argument("--param", action="append", help="workload parameter key=value (repeatable)")
     r.add_argument("--option", action="append",
-                   help="backend option key=value (JSON value), e.g. use_eagle=true (repeatable)")
+                   help="backend option key=value (JSON value), e.g. use_eagle=true (repeatable; "
+                   "an unknown key is an error listing the backend's keys)")
     for flag, field, kind, what in HOST_FLAGS:
         r.add_argument(flag, dest=f"host_{field}", type=kind, help=f"{what} (default: no host tier)")
     r.add_argument("--out", default="results", help="folder of run folders (default: results)")
@@ -497,7 +697,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--index-memory", action="store_true", help="measure the index's bytes deeply (slow on big pools)"
     )
     s = sub.add_parser("sweep", help="a grid of runs from a TOML file (resumable)")
-    s.add_argument("grid", help="TOML file: [grid] lists are crossed, [fixed] and [params] apply to all")
+    sections = "; ".join(f"[{k}] {v}" for k, v in SECTIONS.items())
+    s.add_argument("grid", nargs="?", help=f"TOML file: {sections}. --example prints one")
+    s.add_argument("--example", action="store_true", help="print a commented sweep file and exit")
     s.add_argument(
         "--jobs", type=int, default=2, help="parallel cells: joblib processes or local Ray CPUs (default: 2)"
     )
@@ -510,6 +712,13 @@ def build_parser() -> argparse.ArgumentParser:
         "default: a local Ray with --jobs CPUs)",
     )
     s.add_argument("--out", default="results", help="run folders and the sweep table (default: results)")
+    pl = sub.add_parser("plot", help="draw a sweep table: --y against --x, one line per --hue")
+    pl.add_argument("table", help="a sweep table (.csv or .parquet, as prefixcache sweep writes)")
+    pl.add_argument("--x", required=True, help="column on the x axis, e.g. capacity_tokens")
+    pl.add_argument("--y", required=True, help="column on the y axis, e.g. token_hit_rate")
+    pl.add_argument("--hue", help="column whose values get one line each, e.g. backend")
+    pl.add_argument("--col", help="column whose values get one panel each, e.g. page_size")
+    pl.add_argument("--out", help="image file (default: the table's name with .<y>.png)")
     t = sub.add_parser("trace", help="inspect a trace")
     t.add_argument("path")
     sh = sub.add_parser("show", help="draw both index structures after a small request list")
@@ -529,12 +738,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+EXTRAS = {"seaborn": "paper", "matplotlib": "paper", "pympler": "paper", "ray": "ray",
+          "zmq": "events", "msgspec": "events"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"run": cmd_run, "sweep": cmd_sweep, "trace": cmd_trace, "show": cmd_show,
-                "reproduce": cmd_reproduce}
+    commands = {"run": cmd_run, "sweep": cmd_sweep, "plot": cmd_plot, "trace": cmd_trace,
+                "show": cmd_show, "reproduce": cmd_reproduce}
+    with one_line_warnings():
+        try:
+            rc = commands[args.command](args)
+            sys.stdout.flush()  # here, so that a closed pipe is caught below
+            return rc
+        except (ValueError, FileNotFoundError) as e:
+            print(f"prefixcache {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        except ModuleNotFoundError as e:
+            if e.name not in EXTRAS:
+                raise
+            print(f"prefixcache {args.command}: error: this needs {e.name}, which the base install "
+                  f"lacks: pip install 'prefixcache[{EXTRAS[e.name]}]'", file=sys.stderr)
+            return 2
+        except BrokenPipeError:  # `prefixcache trace ... | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except KeyboardInterrupt:
+            print(f"prefixcache {args.command}: interrupted; finished runs are kept, the run in "
+                  "progress was not written (run the command again to resume)", file=sys.stderr)
+            return 130
+
+
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Warnings as ``prefixcache: warning: ...``, one line, without the source line."""
+    saved = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_a, **_k: f"prefixcache: warning: {message}\n"  # type: ignore[assignment]
     try:
-        return commands[args.command](args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"prefixcache {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        yield
+    finally:
+        warnings.formatwarning = saved

@@ -16,12 +16,38 @@ _BACKENDS: dict[str, str] = {
 }
 
 
+# Backends made by a function that picks one of several classes: the classes whose keywords
+# the function passes on (what ``backend_classes`` reports).
+_BUILDS: dict[str, tuple[str, ...]] = {
+    "radix": (
+        "prefixcache.backends.radix:RadixPrefixCache",
+        "prefixcache.backends.radix:SWARadixPrefixCache",
+        "prefixcache.backends.radix.mamba_backend:MambaRadixPrefixCache",
+        "prefixcache.backends.radix.hicache_backend:HiCacheRadixPrefixCache",
+    ),
+}
+
+
+def _load(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def backend_classes(name: str) -> list[Any]:
+    """What ``make_cache(name, ...)`` may call with its options: the backend's class, or the
+    classes its factory chooses between (ValueError for an unknown name)."""
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; valid: {', '.join(available_backends())}")
+    return [_load(t) for t in _BUILDS.get(name, (_BACKENDS[name],))]
+
+
 def register_backend(name: str, target: str) -> None:
     """Register ``"package.module:ClassName"`` (or a function of the same call: config and
     keywords) under ``name`` (one line per new backend)."""
     if ":" not in target:
         raise ValueError(f"target must look like 'package.module:ClassName', got {target!r}")
     _BACKENDS[name] = target
+    _BUILDS.pop(name, None)
 
 
 def available_backends() -> list[str]:
@@ -34,6 +60,4 @@ def make_cache(name: str, config: CacheConfig, **options: Any) -> PrefixCache:
         target = _BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; valid: {', '.join(available_backends())}") from None
-    module_name, _, class_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(config, **options)  # type: ignore[no-any-return]
+    return _load(target)(config, **options)  # type: ignore[no-any-return]

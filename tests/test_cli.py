@@ -58,7 +58,7 @@ def test_run_replays_a_trace(tmp_path, capsys) -> None:
     path = tmp_path / "t.jsonl"
     write_mooncake(path, [TraceRecord(0, 600, 2, (0, 1)), TraceRecord(1, 600, 2, (0, 2))])
     assert main(["run", "--trace", str(path), "--backend", "none", "--out", str(tmp_path / "r")]) == 0
-    assert "t-none-fcfs" in capsys.readouterr().out
+    assert "t-none-p16-cap16384-fcfs-b2048-s0-" in capsys.readouterr().out
 
 
 def _sweep(tmp_path, grid_lines: str) -> int:
@@ -199,8 +199,8 @@ def test_limit_is_part_of_the_folder_name_whenever_given(tmp_path, capsys) -> No
     assert _run_trace(path, tmp_path / "r") == 0
     assert _run_trace(path, tmp_path / "r", "--limit", "3") == 0
     names = sorted(p.name for p in (tmp_path / "r").iterdir())
-    base = "t-hashchain-fcfs-cap16384-p16-b2048-s0"
-    assert names == [base, f"{base}-first2", f"{base}-first3"]
+    base = "t-hashchain-p16-cap16384-lru-fcfs-b2048-s0"
+    assert [n.rsplit("-", 1)[0] for n in names] == [base, f"{base}-first2", f"{base}-first3"]
     assert "skipped" not in capsys.readouterr().out
     requests = [json.loads((tmp_path / "r" / n / "summary.json").read_text())["requests"] for n in names]
     assert requests == [3, 2, 3]
@@ -228,6 +228,11 @@ def test_sweep_writes_one_tidy_table_and_advances_per_finished_cell(tmp_path, mo
     events: list[str] = []
 
     class Bar(tqdm.auto.tqdm):  # type: ignore[misc, name-defined]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            if kwargs.get("unit") == "cell":  # shown although stderr is no terminal here
+                kwargs["disable"] = False
+            super().__init__(*args, **kwargs)
+
         def update(self, n: float | None = 1) -> bool | None:
             if getattr(self, "unit", None) == "cell":  # the sweep's bar, not a run's
                 events.append("bar")
@@ -301,8 +306,9 @@ def test_backend_options_reach_the_cache_and_name_the_folder(tmp_path, capsys) -
     base = ["run", "--workload", "multi-turn-chat", "--backend", "hashchain", *TINY, "--out", str(tmp_path)]
     assert main(base) == 0
     assert main([*base, "--option", "use_eagle=true"]) == 0
-    plain, eagle = sorted(tmp_path.iterdir(), key=lambda p: len(p.name))
-    assert eagle.name.startswith(plain.name + "-opt")
+    by_options = {bool(json.loads((p / "config.json").read_text())["options"]): p for p in tmp_path.iterdir()}
+    plain, eagle = by_options[False], by_options[True]
+    assert eagle.name.rsplit("-", 1)[0] == plain.name.rsplit("-", 1)[0]  # options live in the digest
     config = json.loads((eagle / "config.json").read_text())
     assert config["options"] == {"use_eagle": True}
     rates = [json.loads((p / "summary.json").read_text())["token_hit_rate"] for p in (plain, eagle)]
@@ -316,6 +322,8 @@ def test_bad_host_tier_flags_are_errors_before_any_work(tmp_path, capsys) -> Non
     base = ["run", "--workload", "multi-turn-chat", "--backend", "hashchain", *TINY, "--out", str(tmp_path)]
     assert main([*base, "--host-tokens", "-5"]) == 2
     assert "capacity_tokens must be positive" in capsys.readouterr().err
-    assert main([*base, "--host-eviction-policy", "fifo"]) == 2
+    assert main([*base, "--host-tokens", "8192", "--host-eviction-policy", "fifo"]) == 2
     assert "unknown host eviction_policy 'fifo'" in capsys.readouterr().err
+    assert main([*base, "--host-eviction-policy", "arc"]) == 2  # no size: not a 2x tier in silence
+    assert "a host tier needs a size" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
