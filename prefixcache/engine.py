@@ -33,6 +33,9 @@ nothing until its load is done, and then from the next step on. Each step begins
 ``cache.advance_transfers()`` (stores acknowledged); a match still ``pending`` on a store is
 skipped and retried, as vLLM's scheduler retries a lookup that returned None.
 
+Each run takes fresh requests: a Request object carries its run (outputs, counters), so one
+that ran already, or runs elsewhere, is refused as it arrives (``add_request``).
+
 One match per scheduling decision: a policy that looked a waiting request up (lpm) hands its
 match to the engine, which revalidates it if the index changed and passes it to ``allocate``;
 FCFS looks each request up once, right before admitting it.
@@ -109,8 +112,11 @@ class Engine:
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, req: Request) -> None:
+        """Take ``req`` (as it arrives from ``run``'s source, or directly): ValueError if its id
+        was already added, or if it carries run state from elsewhere (see ``_check_fresh``)."""
         if req.request_id in self.records:
             raise ValueError(f"request id {req.request_id!r} was already added")
+        self._check_fresh(req)
         rec = RequestRecord(req.request_id, req.arrival_time, req.num_prompt_tokens, req.max_new_tokens)
         self.records[req.request_id] = rec
         # The longest reservation is the prompt plus every output token but the last (whose
@@ -120,6 +126,35 @@ class Engine:
             self.num_finished += 1
             return
         self.arrivals.add(req)
+
+    def _check_fresh(self, req: Request) -> None:
+        """ValueError unless ``req`` has never run: no output tokens, nothing computed, never
+        preempted, not live in this engine's cache. A Request object carries its run (outputs
+        appended, counters advanced), so one handed to a second engine would resume from there:
+        a wrong hit rate and no output, silently.
+
+        Refused rather than reset: the engine cannot tell a previous run's output tokens from
+        tokens the caller appended on purpose, nor whether another engine is still running the
+        request, so a reset could be wrong where a refusal never is. O(1) per request: a
+        deferred prompt is not built for it."""
+        if not (
+            req.num_output_tokens or req.num_computed_tokens or req.num_preemptions or self.cache.is_live(req)
+        ):
+            return
+        ran = []
+        if req.num_output_tokens:
+            ran.append(f"{req.num_output_tokens} output tokens")
+        if req.num_computed_tokens:
+            ran.append(f"num_computed_tokens={req.num_computed_tokens}")
+        if req.num_preemptions:
+            ran.append(f"num_preemptions={req.num_preemptions}")
+        if self.cache.is_live(req):
+            ran.append("live in the cache")
+        raise ValueError(
+            f"request {req.request_id!r} carries run state ({', '.join(ran)}): it ran already, "
+            "or is running elsewhere. Hand every engine run fresh Request objects (generate "
+            "the workload or read the trace again, or copy.deepcopy the list before its first run)"
+        )
 
     def has_unfinished(self) -> bool:
         return bool(self.arrivals or self.waiting or self.running)

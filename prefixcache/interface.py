@@ -172,6 +172,7 @@ class LiveRequest(Generic[S]):
     reserved: int
     state: S
     loaded: int = 0  # tokens the admission loaded from the host tier
+    computed: int = 0  # num_computed_tokens at admission or as handed to commit: never goes back
 
 
 class PrefixCache(ABC, Generic[S]):
@@ -214,41 +215,70 @@ class PrefixCache(ABC, Generic[S]):
         room for ``num_new_tokens`` more tokens. A match taken before the index changed (an
         eviction, a reset, another request's allocation or commit) is revalidated first: it
         keeps only what still holds (and, where the backend can, what was added since), so a
-        freed or reused page is never pinned. Later calls extend the reservation to
-        ``num_computed_tokens + num_new_tokens`` (a no-op if it is already that large) and take
-        no match. Evicts unpinned cache entries if needed. Returns False when there is no room
-        even after eviction, and then NOTHING has changed.
+        freed or reused page is never pinned. ``num_new_tokens`` count from the hit that holds,
+        as on every call from ``num_computed_tokens`` as the call leaves it::
 
-        Raises ValueError if num_new_tokens is not a positive int, if the reservation would
-        reach past the request's known tokens, if the request could never fit in the pool, or
-        if ``match`` is not this cache's match of this request at its current length.
+            hit   = match.tokens + match.host_tokens of the revalidated match
+            [0, hit)       reused: num_computed_tokens = hit
+            [hit, total)   reserved, total = min(hit + num_new_tokens, num_tokens)
+
+        The caller computes exactly that room, ``[num_computed_tokens, reserved_tokens(req))``:
+        a hit that shrank since leaves the rest of the prompt to later calls, one that grew
+        leaves less (a request asked to the end of its prompt from the match as passed gets
+        just the rest, never past its known tokens). Why not count from the match as passed:
+        a caller that then advances ``num_computed_tokens`` by what it asked for, as the engine
+        does, would leave room uncomputed, and hashchain publishes the blocks a reservation
+        fills at allocation (vLLM's ``allocate_slots``), so others would read them unwritten,
+        silently; computing past the room is refused at ``commit`` instead, loudly.
+
+        Later calls extend the reservation to ``num_computed_tokens + num_new_tokens`` (a no-op
+        if it is already that large) and take no match. Evicts unpinned cache entries if
+        needed. Returns False when there is no room (for the whole of ``[hit, total)``) even
+        after eviction, and then NOTHING has changed.
+
+        Raises ValueError (and changes nothing) if num_new_tokens is not a positive int, if the
+        reservation would reach past the request's known tokens (for a stale match: from the
+        match as passed and from the revalidated hit alike), if the request could never fit in
+        the pool, or if ``match`` is not this cache's match of this request at its current
+        length.
         """
         if type(num_new_tokens) is not int or num_new_tokens < 1:
             _check_count("num_new_tokens", num_new_tokens, minimum=1)
-        live = self._live.get(req.request_id)
+        try:
+            live = self._live.get(req.request_id)
+        except AttributeError:
+            raise _not_a_request(req) from None
         if live is not None and live.request is req:
             if match is not None:
                 raise ValueError(f"a match is for the first allocate only; {req.request_id!r} is live")
             total = req.num_computed_tokens + num_new_tokens
             if total <= live.reserved:
                 return True  # already room (and, below the reservation, nothing new to cache)
+            if req.num_computed_tokens > live.reserved:
+                raise _computed_past_room(live)
             self._check_fits(req, total)
             return self._extend_batch([live], num_new_tokens, []) == 1  # a batch of one
         self._check_request(req)
-        match = self._match(req) if match is None else self._current(req, match)
+        if match is None:
+            match = told = self._match(req)
+        else:
+            told, match = match, self._current(req, match)
         if match.pending:
             raise ValueError(f"the match of {req.request_id!r} is pending (its host copies are being stored)")
         hit = match.tokens + match.host_tokens
-        total = hit + num_new_tokens
+        total = min(hit + num_new_tokens, req.num_tokens)
         # "Never fits in the pool" first: it is about the request, whatever the hit adds.
-        self._check_fits(req, min(total, req.num_tokens))
         self._check_fits(req, total)
-        state = self._admit(req, num_new_tokens, match)
+        asked = told.tokens + told.host_tokens  # the hit the caller was told
+        self._check_fits(req, min(asked, hit) + num_new_tokens)  # past the known tokens
+        if match is not told:  # counted once the arguments are known good
+            self.stats.revalidated_matches += 1
+        state = self._admit(req, total - hit, match)
         if state is None:
             return False
         req.num_computed_tokens = hit
         self.stats.record(req, match.tokens, match.host_tokens)
-        self._live[req.request_id] = LiveRequest(req, total, state, match.host_tokens)
+        self._live[req.request_id] = LiveRequest(req, total, state, match.host_tokens, hit)
         return True
 
     def allocate_batch(self, reqs: Sequence[Request], num_new_tokens: int = 1) -> BatchAllocation:
@@ -266,12 +296,18 @@ class PrefixCache(ABC, Generic[S]):
         if type(num_new_tokens) is not int or num_new_tokens < 1:
             _check_count("num_new_tokens", num_new_tokens, minimum=1)
         records = []
+        live_of = self._live
         for req in reqs:
-            live = self._live.get(req.request_id)
+            try:
+                live = live_of.get(req.request_id)
+            except AttributeError:
+                raise _not_a_request(req) from None
             if live is None or live.request is not req:
                 live = self._live_record(req, "allocate_batch")  # not live: that error
             total = req.num_computed_tokens + num_new_tokens
             if total > live.reserved:
+                if req.num_computed_tokens > live.reserved:
+                    raise _computed_past_room(live)
                 self._check_fits(req, total)
             records.append(live)
         evicted: list[tuple[int, int]] = []
@@ -284,10 +320,14 @@ class PrefixCache(ABC, Generic[S]):
         records = []
         live_of = self._live
         for req in reqs:
-            live = live_of.get(req.request_id)
+            try:
+                live = live_of.get(req.request_id)
+            except AttributeError:
+                raise _not_a_request(req) from None
             if live is None or live.request is not req:
                 live = self._live_record(req, "commit")  # not live: that error
             self._check_commit(live)
+            live.computed = req.num_computed_tokens  # (checked: the floor only rises to it)
             records.append(live)
         self._commit_batch(records)
 
@@ -295,10 +335,17 @@ class PrefixCache(ABC, Generic[S]):
     def _check_commit(live: LiveRequest[S]) -> None:
         req = live.request
         computed = req.num_computed_tokens
-        if not 0 <= computed <= live.reserved:
+        if not live.computed <= computed <= live.reserved:
+            if computed > live.reserved:
+                raise ValueError(
+                    f"commit of {req.request_id!r} at num_computed_tokens={computed} "
+                    f"beyond the {live.reserved} tokens allocated to it (compute only what "
+                    "allocate made room for, from num_computed_tokens as it left it: a stale "
+                    "match is admitted from the hit that still holds)"
+                )
             raise ValueError(
-                f"commit of {req.request_id!r} at num_computed_tokens={computed} "
-                f"beyond the {live.reserved} tokens allocated to it"
+                f"commit of {req.request_id!r} at num_computed_tokens={computed}, below the "
+                f"{live.computed} it had computed: a live request's computed tokens never go back"
             )
         if computed > req.num_tokens:
             raise ValueError(
@@ -312,7 +359,10 @@ class PrefixCache(ABC, Generic[S]):
         its request at the request's current length."""
         _check_match_type(match)
         self._check_request(match.request)
-        return self._current(match.request, match)
+        current = self._current(match.request, match)
+        if current is not match:
+            self.stats.revalidated_matches += 1
+        return current
 
     def decode_steps_in_place(self, req: Request) -> int:
         """How many decode steps the live ``req`` can take from here (each: ``allocate(req, 1)``,
@@ -321,8 +371,8 @@ class PrefixCache(ABC, Generic[S]):
         not decoding (its reservation is not exactly its computed tokens), or the backend does
         not say. ``advance_in_place`` takes that many at once; the engine uses it to skip
         stretches of decode-only steps."""
-        live = self._live.get(req.request_id)
-        if live is None or live.request is not req or live.reserved != req.num_computed_tokens:
+        live = self._record_of(req)
+        if live is None or live.reserved != req.num_computed_tokens:
             return 0
         return self._decode_steps_in_place(req, live.state)
 
@@ -345,10 +395,14 @@ class PrefixCache(ABC, Generic[S]):
     def commit(self, req: Request) -> None:
         """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it (a
         ``commit_batch`` of one)."""
-        live = self._live.get(req.request_id)
+        try:
+            live = self._live.get(req.request_id)
+        except AttributeError:
+            raise _not_a_request(req) from None
         if live is None or live.request is not req:
             live = self._live_record(req, "commit")  # not live: that error
         self._check_commit(live)
+        live.computed = req.num_computed_tokens
         self._commit_batch([live])
 
     def release(self, req: Request) -> None:
@@ -399,8 +453,8 @@ class PrefixCache(ABC, Generic[S]):
 
     def loaded_tokens(self, req: Request) -> int:
         """Tokens the live ``req``'s admission loaded from the host tier (0 if not live)."""
-        live = self._live.get(req.request_id)
-        return live.loaded if live is not None and live.request is req else 0
+        live = self._record_of(req)
+        return live.loaded if live is not None else 0
 
     def host_usage(self) -> PageUsage | None:
         """Where the host tier's pages are (free / evictable / in use: held by a transfer in
@@ -450,12 +504,14 @@ class PrefixCache(ABC, Generic[S]):
 
     def reserved_tokens(self, req: Request) -> int:
         """Tokens ``req`` has room for (0 if it is not live)."""
-        live = self._live.get(req.request_id)
+        try:
+            live = self._live.get(req.request_id)  # (a backend's extend asks: no extra call)
+        except AttributeError:
+            raise _not_a_request(req) from None
         return live.reserved if live is not None and live.request is req else 0
 
     def is_live(self, req: Request) -> bool:
-        live = self._live.get(req.request_id)
-        return live is not None and live.request is req
+        return self._record_of(req) is not None
 
     @property
     def live_requests(self) -> list[Request]:
@@ -516,8 +572,9 @@ class PrefixCache(ABC, Generic[S]):
 
     @abstractmethod
     def _revalidate(self, match: Match) -> Match:
-        """A match of ``match.request`` that holds now, given that the index changed since
-        ``match`` was taken: keep only what still holds, never a freed or reused page."""
+        """A match of ``match.request`` that holds now (a new Match), given that the index
+        changed since ``match`` was taken: keep only what still holds, never a freed or reused
+        page."""
 
     @abstractmethod
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> S | None:
@@ -598,8 +655,8 @@ class PrefixCache(ABC, Generic[S]):
 
     # ---------------------------------------------------------------- shared helpers
     def _current(self, req: Request, match: Match) -> Match:
-        """``match`` checked to be this cache's match of ``req`` at its length, revalidated if
-        the index changed since it was taken."""
+        """``match`` checked to be this cache's match of ``req`` at its length, revalidated (a
+        new Match; the caller counts it in ``stats``) if the index changed since it was taken."""
         _check_match_type(match)
         if match.cache is not self:
             raise ValueError(f"the match of {match.request.request_id!r} was taken from another cache")
@@ -614,7 +671,6 @@ class PrefixCache(ABC, Generic[S]):
             )
         if match.version == self._index_version():
             return match
-        self.stats.revalidated_matches += 1
         return self._revalidate(match)
 
     def _check_fits(self, req: Request, total_tokens: int) -> None:
@@ -667,19 +723,40 @@ class PrefixCache(ABC, Generic[S]):
 
     def _check_request(self, req: Request) -> None:
         if not isinstance(req, Request):
-            raise ValueError(f"expected a Request, got {type(req).__name__}")
+            raise _not_a_request(req)
         live = self._live.get(req.request_id)
         if live is not None and live.request is not req:
             raise ValueError(f"another live request already has id {req.request_id!r}")
 
+    def _record_of(self, req: Request) -> LiveRequest[S] | None:
+        """``req``'s live record, None if it is not live (ValueError if it is no Request)."""
+        try:
+            live = self._live.get(req.request_id)
+        except AttributeError:
+            raise _not_a_request(req) from None
+        return live if live is not None and live.request is req else None
+
     def _live_record(self, req: Request, what: str) -> LiveRequest[S]:
-        live = self._live.get(req.request_id)
-        if live is None or live.request is not req:
+        live = self._record_of(req)
+        if live is None:
             self._check_request(req)
             raise ValueError(
                 f"{what} of {req.request_id!r}, which is not live (never allocated or already released)"
             )
         return live
+
+def _not_a_request(obj: object) -> ValueError:
+    return ValueError(f"expected a Request, got {type(obj).__name__}")
+
+
+def _computed_past_room(live: LiveRequest[S]) -> ValueError:
+    """A live request asks for more room with KV computed beyond the room it had."""
+    req = live.request
+    return ValueError(
+        f"allocate for {req.request_id!r} at num_computed_tokens={req.num_computed_tokens}, "
+        f"beyond the {live.reserved} tokens allocated to it: its KV had no room"
+    )
+
 
 def _check_match_type(match: object) -> None:
     if not isinstance(match, Match):

@@ -32,7 +32,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from prefixcache import CacheConfig, PrefixCache, Request, available_backends, eviction, make_cache
+from prefixcache import CacheConfig, Match, PrefixCache, Request, available_backends, eviction, make_cache
 from prefixcache.eviction import eviction_policies
 from tests.strategies import NAMESPACES
 
@@ -168,26 +168,61 @@ class CacheLifecycle(RuleBasedStateMachine):
     def look_up(self, req: Request):  # -> the request waits on with its match
         return multiple((req, self.cache.lookup(req)))
 
-    @rule(target=waiting, item=consumes(matched), chunk=st.integers(1, 64))
-    def admit_with_match(self, item: tuple, chunk: int):  # -> what goes back to the waiting queue
+    @rule(target=waiting, item=consumes(matched), chunk=st.integers(1, 64), as_told=st.booleans())
+    def admit_with_match(self, item: tuple, chunk: int, as_told: bool):  # -> back to waiting
         """Admit with a match taken rules ago: whatever changed since, the pages it pins hold
-        exactly the request's own prefix."""
+        exactly the request's own prefix. The chunk counts from the hit that holds, or from
+        the match as told (the caller planned before the cache changed)."""
         req, match = item
         current = self.cache.revalidate(match)
         fresh = self.cache.lookup(req).tokens
         assert current.tokens <= fresh
         if self.backend == "hashchain":
             assert current.tokens == fresh, "a revalidated hashchain match differs from a fresh lookup"
-        n = min(chunk, req.num_tokens - current.tokens)
-        if -(-(current.tokens + n) // self.page_size) > self.capacity_pages - 1:
+        told = match.tokens if as_told else current.tokens
+        return self._admit_stale(req, match, current.tokens, min(chunk, req.num_tokens - told))
+
+    @rule(target=waiting, req=consumes(waiting), chunk=st.integers(1, 64), whole=st.booleans(),
+          evict=st.integers(1, 64))
+    def admit_after_eviction(self, req: Request, chunk: int, whole: bool, evict: int):
+        """README's sequence with other activity in between: a lookup, an eviction that may
+        take the matched pages, then ``allocate`` with the stale match for the rest of the
+        prompt (or a chunk) as planned from the match as told."""
+        match = self.cache.lookup(req)
+        self.cache.evict(evict)
+        hit = self.cache.revalidate(match).tokens  # what allocate's revalidation will keep
+        n = req.num_tokens - match.tokens if whole else min(chunk, req.num_tokens - match.tokens)
+        return self._admit_stale(req, match, hit, n)
+
+    def _admit_stale(self, req: Request, match: Match, hit: int, n: int):
+        """``allocate(req, n, match)`` where ``match`` holds ``hit`` tokens now. The room is
+        exactly ``n`` tokens from that hit (within the known tokens), so all of it gets
+        computed; a caller that planned from the hit it was told and computes past the room
+        is refused at commit, never left short silently. Or False, nothing changed."""
+        told, num_tokens = match.tokens, req.num_tokens
+        room = min(hit + n, num_tokens)
+        if -(-room // self.page_size) > self.capacity_pages - 1:
             return multiple()  # can never fit
         before = self._snapshot()
         if not self.cache.allocate(req, n, match):
             assert self._snapshot() == before, "a failed allocate changed the cache"
+            assert not self.cache.is_live(req)
             return multiple(req)
-        assert req.num_computed_tokens == current.tokens
-        self.shadow.check(self.cache, req, current.tokens, "hit of a stale match")
-        self._compute(req, n)
+        assert req.num_computed_tokens == hit
+        assert self.cache.reserved_tokens(req) == room, (
+            f"{req.request_id}: room for {self.cache.reserved_tokens(req)} tokens, expected {room} "
+            f"({n} new from the hit {hit} that holds; told {told})"
+        )
+        self.shadow.check(self.cache, req, hit, "hit of a stale match")
+        planned = min(told + n, num_tokens)  # where a caller that planned from the told hit stops
+        if planned > room:
+            req.num_computed_tokens = planned
+            state = self._snapshot()
+            with pytest.raises(ValueError, match="beyond .* allocated to it"):
+                self.cache.commit(req)
+            assert self._snapshot() == state, "a refused commit changed the cache"
+            req.num_computed_tokens = hit
+        self._compute(req, room - hit)
         self.live_reqs[req.request_id] = req
         return multiple()
 

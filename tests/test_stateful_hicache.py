@@ -141,7 +141,7 @@ class HiCacheLifecycle(AdmissionRules):
         if -(-(hit + n) // self.page_size) > self.cache.num_usable_pages():
             return multiple()
         before = self._snapshot()
-        if not self.cache.allocate(req, n, match):
+        if not self.cache.allocate(req, n, current):
             assert self._snapshot() == before, "a failed allocate changed the cache"
             return multiple(req)
         assert req.num_computed_tokens == hit and self.cache.loaded_tokens(req) == current.host_tokens

@@ -173,7 +173,7 @@ class HybridLifecycle(AdmissionRules):
         if not self._fits(current.tokens + n) or not self._fits(req.num_tokens):
             return multiple()  # can never fit
         before = self._snapshot()
-        if not self.cache.allocate(req, n, match):  # type: ignore[arg-type]
+        if not self.cache.allocate(req, n, current):  # type: ignore[arg-type]
             assert self._snapshot() == before, "a failed allocate changed the cache"
             return multiple(req)
         assert req.num_computed_tokens == current.tokens

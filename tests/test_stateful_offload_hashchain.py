@@ -112,7 +112,7 @@ class OffloadLifecycle(AdmissionRules):
         if -(-(hit + n) // self.page_size) > self.capacity_pages - 1:
             return multiple()
         before = self._snapshot()
-        if not self.cache.allocate(req, n, match):
+        if not self.cache.allocate(req, n, current):
             assert self._snapshot() == before, "a failed allocate changed the cache"
             return multiple(req)
         assert req.num_computed_tokens == hit
