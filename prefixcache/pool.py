@@ -19,6 +19,14 @@ disaggregation, ``kv_cache_configurator.py``):
     because ``alloc_extend`` tests an over-estimate (``extend_num_tokens // page_size + bs +
     1``) and ``alloc_decode`` tests ``bs``, not the exact page count.
 
+A free group (``group_begin`` / ``group_end``, SGLang's ``free_group_begin`` /
+``free_group_end``, which its scheduler opens around a batch's checkpoints and releases and
+around ``maybe_evict_swa``) holds the frees made inside it and returns them to the list as one
+call, in the order they were made: at page size > 1 that is one prepended block instead of
+one block per call (which reverses the order across calls). Pages freed in a group count as
+free at once (SGLang's count catches up at ``group_end``; nothing allocates inside a group
+there); an allocation inside a group returns them first.
+
 The free list lives in a numpy buffer of twice the pool size: appends write after the live
 region, prepends before it (paged mode keeps the region's end fixed, so a prepend always
 fits), so no operation loops over pages in Python. The hashchain backend keeps its own free
@@ -38,7 +46,7 @@ PageIds = npt.NDArray[np.int64]
 class PagePool:
     __slots__ = (
         "num_pages", "need_sort", "append_freed", "_buf", "_head", "_tail",
-        "_released", "_num_released", "_is_free", "_mark",
+        "_released", "_num_released", "_is_free", "_mark", "_group", "_num_grouped",
     )
 
     def __init__(self, num_pages: int, *, need_sort: bool = False, page_size: int = 1) -> None:
@@ -66,10 +74,36 @@ class PagePool:
         self._place(np.arange(1, num_pages, dtype=np.int64))
         self._released: list[PageIds] = []
         self._num_released = 0
+        self._group: list[PageIds] | None = None  # frees held by an open group, in call order
+        self._num_grouped = 0
 
     @property
     def num_free(self) -> int:
-        return self._tail - self._head + self._num_released
+        return self._tail - self._head + self._num_released + self._num_grouped
+
+    @property
+    def in_group(self) -> bool:
+        return self._group is not None
+
+    def group_begin(self) -> None:
+        """Hold the frees from here to ``group_end`` (groups do not nest)."""
+        if self._group is not None:
+            raise RuntimeError("free groups cannot be nested")
+        self._group = []
+
+    def group_end(self) -> None:
+        """Return the held frees to the free list as one call, in the order they were made."""
+        if self._group is None:
+            raise RuntimeError("group_end without group_begin")
+        self._return_grouped()
+        self._group = None
+
+    def _return_grouped(self) -> None:
+        if self._group:
+            held = np.concatenate(self._group)
+            self._group.clear()
+            self._num_grouped = 0
+            self._put(held)
 
     @property
     def num_ready(self) -> int:
@@ -84,6 +118,7 @@ class PagePool:
         the extend fits in the request's last page)."""
         if n > self.num_free:
             return None  # SGLang raises out-of-memory here; we change nothing instead
+        self._return_grouped()
         if self.would_merge(n, merge_if_over):
             self._merge_released()
         pages = self._buf[self._head : self._head + n].copy()
@@ -106,6 +141,14 @@ class PagePool:
         if self._is_free[arr].any() or self._has_repeats(arr):
             raise ValueError(f"double free of pages {arr[self._is_free[arr]].tolist()[:8]} (or repeated ids)")
         self._is_free[arr] = True
+        if self._group is not None:
+            self._group.append(arr.copy())
+            self._num_grouped += arr.size
+        else:
+            self._put(arr)
+
+    def _put(self, arr: PageIds) -> None:
+        """Place freed (already flagged) pages as one free call of SGLang's allocator."""
         if self.need_sort:
             self._released.append(arr.copy())
             self._num_released += arr.size
@@ -140,8 +183,13 @@ class PagePool:
         return np.flatnonzero(self._is_free).astype(np.int64)
 
     def free_list(self) -> PageIds:
-        """The free list in allocation order, then the staged pages (a copy; for tests)."""
-        return np.concatenate([self._buf[self._head : self._tail], *self._released])
+        """The free list in allocation order, then the staged pages (a copy; for tests); a
+        group's held frees where its ``group_end`` will put them."""
+        listed = self._buf[self._head : self._tail]
+        held = self._group or []
+        if not held or self.need_sort or self.append_freed:
+            return np.concatenate([listed, *self._released, *held])
+        return np.concatenate([*held, listed])
 
     def is_free(self, page: int) -> bool:
         return bool(self._is_free[page])

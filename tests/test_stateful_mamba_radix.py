@@ -158,7 +158,7 @@ class MambaLifecycle(AdmissionRules):
         if not self._fits(current.tokens + n):
             return multiple()
         before = self._snapshot()
-        if not self.cache.allocate(req, n, match):
+        if not self.cache.allocate(req, n, current):
             assert self._snapshot() == before, "a failed allocate changed the cache"
             return multiple(req)
         hit = req.num_computed_tokens
@@ -211,6 +211,34 @@ class MambaLifecycle(AdmissionRules):
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         return multiple(req)
+
+    @rule(suffix=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8), share=st.integers(0, 12))
+    def finish_at_prefill(self, suffix: list[int], share: int) -> None:
+        """Issue 33 case 6: a request admitted (with hit 0 at the root, which SGLang never
+        locks) is checked before its first commit, computed, and released without one."""
+        base = self.rng.choice(self.corpus) if self.corpus else ()
+        self.counter += 1
+        req = Request(f"r{self.counter}", base[:share] + tuple(suffix))
+        match = self.cache.lookup(req)
+        n = req.num_tokens - match.tokens
+        if not self._fits(req.num_tokens) or not self.cache.allocate(req, n, match):
+            return
+        self.cache.check_invariants()  # live, nothing committed yet
+        hit = req.num_computed_tokens
+        full, (slot,) = self.cache.page_tables(req)
+        if hit:
+            HITS[self.name] = HITS.get(self.name, 0) + 1
+            src = self.cache.cow_source(req)
+            assert self.state.get(src) == content(req, hit), "finish_at_prefill: the hit's state"
+        for pos in range(hit, req.num_tokens):
+            self.kv[full[pos]] = content(req, pos + 1)
+        req.num_computed_tokens = req.num_tokens
+        self.state[slot] = content(req, req.num_tokens)
+        self.cache.check_invariants()  # computed, not committed
+        before = tree_states(self.cache)
+        self.cache.release(req)
+        self._adopt_new_states(req, before)
+        self.corpus.append(tuple(req.all_token_ids))
 
     @rule(num_tokens=st.integers(0, 16), states=st.integers(0, 3), kind=st.booleans())
     def evict(self, num_tokens: int, states: int, kind: bool) -> None:

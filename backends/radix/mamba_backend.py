@@ -397,7 +397,12 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
                 f"{rid!r}: computed {req.num_computed_tokens}, reserved {record.reserved}, "
                 f"{len(live.pages)} slots",
             )
-            ensure(live.node.mamba_lock > 0, f"{rid!r}: its node is not Mamba-locked")
+            # SGLang's acquire_component_lock skips the root: a request admitted with hit 0
+            # holds no lock until its first checkpoint (or its release) moves it to a node.
+            ensure(
+                live.node is self.tree.root or live.node.mamba_lock > 0,
+                f"{rid!r}: its node is not Mamba-locked",
+            )
             ensure(
                 np.array_equal(self.tree.path_indices(live.node), live.pages[: live.protected]),
                 f"{rid!r}: its protected prefix is not its locked node's path",

@@ -13,6 +13,11 @@ Request flow, in our hooks (SGLang's names)::
     release  checkpoint as a finished request (no window freeing), free the row's unshared part
              (full only below the SWA frontier), unlock, free the over-allocated room
 
+Free groups (SGLang's scheduler, page size > 1: the frees of one group go back as one block):
+a ``commit_batch`` opens one that the ``release`` calls after it join (process_batch_result);
+allocation and eviction end it first. A release with no group open (a preemption: SGLang's
+retract) and eviction free call by call.
+
 ``usage()`` is the full pool (a PageUsage over its usable pages: every token of a request needs
 a full page); ``swa_usage()`` the SWA pool, the same three ways. Both pools have their own page 0;
 ``page_table`` holds full-pool ids, ``page_tables`` full ids and SWA ids (0 where freed).
@@ -41,7 +46,7 @@ from prefixcache.backends.radix.swa_tree import LockReceipt, SWANode, SWARadixTr
 from prefixcache.backends.radix.tree import SlotArray
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import KVGroup, Match, PageUsage, PrefixCache, ensure
+from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, PrefixCache, ensure
 from prefixcache.pool import PageIds, PageTable
 from prefixcache.request import Request
 
@@ -214,6 +219,7 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         return self._match(match.request)
 
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _SWALive | None:
+        self.pool.end_group()  # the scheduler allocates after the last batch's group closed
         m = cast(SWATreeMatch, match)
         total = m.tokens + num_new_tokens
         receipt = self.tree.inc_lock_ref(m.last_node)  # first, so making room cannot evict the hit
@@ -228,6 +234,7 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         return _SWALive(pages, m.tokens, receipt, req.num_tokens, branching if branching > m.tokens else None)
 
     def _extend(self, req: Request, state: _SWALive, total_tokens: int) -> bool:
+        self.pool.end_group()
         live = state
         decoding = req.num_computed_tokens >= live.prefill_end
         n = total_tokens - self.reserved_tokens(req)
@@ -279,6 +286,24 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
             if not finished:
                 self._free_out_of_window(live, computed - eagle - 1)
 
+    def _commit_batch(self, records: list[LiveRequest[_SWALive]]) -> None:
+        """SGLang's process_batch_result_* opens one free group for the batch's checkpoints
+        and the releases of the requests that finish in it; ours stays open across the
+        ``release`` calls that follow, until the next call that allocates or evicts. A middle
+        prefill chunk is checkpointed outside any group (stash_chunked_request); ours does it
+        first (SGLang: when the next batch is scheduled, after the group)."""
+        self.pool.end_group()
+        grouped = []
+        for live in records:
+            state, req = live.state, live.request
+            if not state.decoding and req.num_computed_tokens < state.prefill_end:
+                self._commit(req, state)
+            else:
+                grouped.append(live)
+        self.pool.group_begin()
+        for live in grouped:
+            self._commit(live.request, live.state)
+
     def _commit(self, req: Request, state: _SWALive) -> None:
         if state.decoding or req.num_computed_tokens == 0:
             return
@@ -303,6 +328,7 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         return state.pages.tolist()
 
     def _evict(self, num_tokens: int) -> int:
+        self.pool.end_group()
         freed, _ = self.tree.evict(num_tokens, 0)
         self.stats.evicted_tokens += freed
         return freed
@@ -312,6 +338,7 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         ``evict(EvictParams(swa_num_tokens=n))``); returns the SWA tokens freed."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        self.pool.end_group()
         return self.tree.evict(0, num_tokens)[1]
 
     def _reset(self) -> None:

@@ -5,7 +5,8 @@ number of pages from both pools and records ``full_to_swa_index_mapping`` (0 = n
 ``free`` frees both, ``free_swa`` only the SWA peer (whole pages), ``available`` is the min of
 the two. We keep the mapping per page (both pools page in step, so a full page's SWA peer is a
 whole page). Each pool is our ``PagePool`` (page 0 reserved, SGLang's padding slot), freed in
-the order given, as SGLang's ``free_segment`` / ``free_page_ids`` free.
+the order given, as SGLang's ``free_segment`` / ``free_page_ids`` free, and a free group spans
+both pools as the allocator's does.
 
 Sizing is ``HybridSWAPoolConfigurator`` (``model_executor/pool_configurator.py``) in
 layer-token units (every layer's token costs the same here):
@@ -73,6 +74,25 @@ class SWAPagePool:
         self.full = PagePool(full_pages, page_size=page_size)
         self.swa = PagePool(swa_pages, page_size=page_size)
         self.full_to_swa: npt.NDArray[np.int64] = np.zeros(full_pages, dtype=np.int64)
+
+    @property
+    def in_group(self) -> bool:
+        return self.full.in_group
+
+    def group_begin(self) -> None:
+        """SGLang's ``free_group_begin`` on the SWA allocator: both pools hold their frees."""
+        self.full.group_begin()
+        self.swa.group_begin()
+
+    def group_end(self) -> None:
+        """``free_group_end``: the SWA pool's held frees go back first, then the full pool's."""
+        self.swa.group_end()
+        self.full.group_end()
+
+    def end_group(self) -> None:
+        """End the open group, if any."""
+        if self.in_group:
+            self.group_end()
 
     @property
     def available(self) -> int:

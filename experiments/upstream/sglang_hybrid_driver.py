@@ -321,7 +321,33 @@ def main() -> None:  # pragma: no cover - needs SGLang
 # ---------------------------------------------------------------------------- requests
 # Request scenarios use experiments/upstream/scenarios.py's ops (new / alloc / run / append /
 # release / evict) over a CacheConfig with a hybrid layout; SGLang's scheduler steps are those
-# of sglang_driver.py plus maybe_evict_swa before each decode allocation.
+# of sglang_driver.py plus maybe_evict_swa before each decode allocation, with the scheduler's
+# free groups (token_to_kv_pool_allocator.free_group_begin / free_group_end):
+#   run of a last prefill chunk or a decode step   process_batch_result_prefill / _decode: a
+#       group opens around the batch's checkpoints (checkpoint_kv_cache) and the releases
+#       (release_kv_cache) of the requests that finish in it: the releases that follow it
+#   run of a middle prefill chunk   stash_chunked_request: checkpointed outside any group
+#   decode alloc   maybe_evict_swa in a group of its own, then alloc_decode outside it
+#   admission, evict, a release with no group open (SGLang's retract)   outside any group
+# Any op that allocates or evicts ends the open group first.
+def tombstone_finish_case() -> dict[str, Any]:
+    """Issue 33 case 5: A (60 tokens) decodes until its first page is a tombstone on its own
+    locked path; B (A's first 17 tokens, hit 0) finishes at prefill: its checkpoint moves B's
+    SWA page onto A's node and frees B's page 6 full-only, its release frees page 7, both in
+    one group; A's third decode step afterwards opens a page: 6 (one block [6, 7])."""
+    from prefixcache.experiments.upstream.scenarios import Scenario
+
+    s = Scenario("req_tombstone_finish_p16", 528, 16, systems=("sglang",))
+    a = list(range(100, 160))
+    s.new("A", a).alloc("A").run("A").decode("A", [900 + i for i in range(18)])
+    s.new("B", a[:17]).alloc("B").run("B").release("B")
+    s.decode("A", [950 + i for i in range(6)]).release("A")
+    sc = s.to_json()
+    sc["layout"] = [["sliding_window", 32], ["full"]]
+    sc["options"] = {"swa_eviction_interval": 1}
+    return sc
+
+
 def request_scenarios() -> list[dict[str, Any]]:
     from prefixcache.experiments.upstream.scenarios import Scenario
 
@@ -360,6 +386,7 @@ def request_scenarios() -> list[dict[str, Any]]:
         sc["layout"] = [["sliding_window", window]] * n_swa + [["full"]]
         sc["options"] = {"swa_eviction_interval": 2, **({"is_eagle": True} if is_eagle else {})}
         out.append(sc)
+    out.append(tombstone_finish_case())
     return out
 
 
@@ -452,7 +479,7 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
             self.session = self.session_id = self.kv_rotation_base = None
             self.swa_branching_seqlen = None
             self.kv = ReqKvInfo(req_pool_idx=row)
-            self.allocated = self.computed = 0
+            self.allocated = self.computed = self.prefill_end = 0
             self.decoding, self.done = False, False
             self.decode_batch_idx = 0
 
@@ -474,6 +501,17 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
     reqs: dict[str, Req] = {}
     live: set[str] = set()
     records: list[dict[str, Any]] = []
+    group = [False]  # a free group is open
+
+    def end_group() -> None:
+        if group[0]:
+            alloc.free_group_end()
+            group[0] = False
+
+    def begin_group() -> None:
+        end_group()
+        alloc.free_group_begin()
+        group[0] = True
 
     def row(r: Req) -> torch.Tensor:
         return rtt.req_to_token[r.kv.req_pool_idx]
@@ -491,6 +529,8 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
     for op in sc["ops"]:
         kind = op["op"]
         rec: dict[str, Any] = {}
+        if kind in ("alloc", "evict"):
+            end_group()
         if kind == "new":
             reqs[op["rid"]] = Req(op["rid"], op["prompt"], free_rows.pop())
         elif kind == "alloc":
@@ -505,6 +545,7 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
                 r.swa_branching_seqlen = m.swa_branching_seqlen
                 row(r)[:hit] = prefix
                 r.allocated = r.computed = hit
+                r.prefill_end = r.seqlen
                 r.kv.cache_protected_len = hit
                 n = op["n"] if op.get("n") is not None else r.seqlen - hit
                 ok = grow(r, n, decode=False)
@@ -520,9 +561,11 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
                 decode = bool(r.output_ids) and r.computed >= len(r.origin_input_ids)
                 r.decoding = decode
                 evicted = r.kv.get_evicted_seqlen(ComponentType.SWA)
-                # maybe_evict_swa, then alloc_for_decode
+                # maybe_evict_swa (its own free group), then alloc_for_decode
                 if decode and r.decode_batch_idx >= 1 and r.seqlen - 1 - window >= evicted + interval:
+                    begin_group()
                     tree.evict_sliding_windows(r, r.seqlen - 1)
+                    end_group()
                 rec["ok"] = grow(r, need, decode=decode) if need > 0 else True
                 # alloc_decode takes the full page before it finds the SWA pool short and does not
                 # give it back (the scheduler retracts); our allocate changes nothing. Scenarios are
@@ -537,6 +580,9 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
         elif kind == "run":
             r = reqs[op["rid"]]
             r.computed = r.allocated
+            end_group()
+            if r.decoding or r.computed >= r.prefill_end:
+                begin_group()  # process_batch_result_*; a middle chunk is stashed outside
             if not r.decoding:
                 tree.checkpoint(r, up_to=r.computed)
             rec["pages"], rec["swa"] = pages(r)
@@ -551,12 +597,39 @@ def replay_requests_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pra
             rec["freed"] = tree.evict(EvictParams(num_tokens=op["n"])).num_tokens_evicted
         else:
             raise ValueError(f"unknown op {kind!r}")
-        full_free, swa_free = alloc.full_available_size() // ps, alloc.swa_available_size() // ps
+        held_full, held_swa = held_tokens(alloc, ps)  # free once the open group ends
+        full_free = (alloc.full_available_size() + held_full) // ps
+        swa_free = (alloc.swa_available_size() + held_swa) // ps
         fe, se = tree.full_evictable_size() // ps, tree.swa_evictable_size() // ps
         rec["usage"] = [full_free, fe, sizes.full_tokens // ps - full_free - fe]
         rec["swa_usage"] = [swa_free, se, sizes.swa_tokens // ps - swa_free - se]
         records.append(rec)
+    end_group()
     return records
+
+
+def held_tokens(alloc: Any, ps: int) -> tuple[int, int]:  # pragma: no cover - needs SGLang
+    """Tokens (full, SWA) freed inside the SWA allocator's open free group: its available sizes
+    count them only at free_group_end."""
+    import torch
+
+    def pages(piles: list[Any] | None, page_ids: bool) -> int:
+        if not piles:
+            return 0
+        ids = torch.cat(piles)
+        if page_ids:
+            return int(ids.numel())
+        ids = ids[ids > 0]
+        return int(torch.unique(ids // ps).numel())
+
+    full = alloc.full_attn_allocator
+    if ps == 1:  # token allocators: every pile holds token ids
+        n_full = pages(full.free_group, True)
+        n_swa = pages(alloc.swa_page_ids_group, True) + pages(alloc.swa_free_group, True)
+    else:
+        n_full = pages(full.free_page_ids_group, True) + pages(full.free_group, False)
+        n_swa = pages(alloc.swa_page_ids_group, True) + pages(alloc.swa_free_group, False)
+    return n_full * ps, n_swa * ps
 
 
 def record_requests() -> None:  # pragma: no cover - needs SGLang
