@@ -99,3 +99,30 @@ def sglang_event_scenarios() -> list[dict[str, Any]]:
     ev.evict(5).whole("x3", _toks(12, 201)).evict(100).whole("x4", _toks(12, 200))
     out += [ev.to_json(), reset_scenario(1), reset_scenario(4)]
     return out
+
+
+def partial_tail_scenario() -> dict[str, Any]:
+    """Issue 33, case 4: a sliding-window (8) + full layout, block 4, --prefix-match-unit 2.
+    The prompt 1..8 ends its hit cap (7 tokens) inside block 1, so vLLM 0.33's full group also
+    registers the partial tail [5, 6] (``FullAttentionManager._cache_partial_tail_block``);
+    a second prompt then takes every block, evicting it (BlockRemoved)."""
+    ops: list[dict[str, Any]] = [
+        {"op": "new", "rid": "a", "prompt": list(range(1, 9))},
+        {"op": "alloc", "rid": "a"},
+        {"op": "run", "rid": "a"},
+        {"op": "release", "rid": "a"},
+        {"op": "new", "rid": "b", "prompt": list(range(100, 116))},
+        {"op": "alloc", "rid": "b"},
+        {"op": "run", "rid": "b"},
+        {"op": "release", "rid": "b"},
+    ]
+    return {
+        "name": "partial_tail_unit2",
+        "block_size": 4,
+        "prefix_match_unit": 2,
+        "retention": None,
+        "groups": [["sliding_window", 8], ["full"]],
+        "num_blocks": 9,
+        "capacity_tokens": 32,
+        "ops": ops,
+    }

@@ -42,6 +42,7 @@ class Side(Protocol):
     def num_computed(self, rid: str) -> int: ...
     def num_tokens(self, rid: str) -> int: ...
     def metrics(self) -> dict[str, int]: ...
+    def take_events(self) -> list[dict[str, Any]]: ...  # KV events as JSON (cases with kv_events)
 
 
 def replay(case: dict[str, Any], side: Side) -> dict[str, Any]:
@@ -56,6 +57,7 @@ def replay(case: dict[str, Any], side: Side) -> dict[str, Any]:
     deferred: dict[str, int] = {}
     admissions: list[list[Any]] = []
     steps: list[dict[str, Any]] = []
+    events: list[list[Any]] = []  # [step, the step's KV events], cases with kv_events only
     names: dict[bytes, str] = {}  # key -> "rid:chunk" of the request that first stored it
 
     def record(step: int, stored: list[tuple[str, int, bytes]], evicted: list[bytes]) -> None:
@@ -118,20 +120,30 @@ def replay(case: dict[str, Any], side: Side) -> dict[str, Any]:
             side.finish(rid)
         side.end_step()
         record(step, *side.take_keys())
+        if case.get("kv_events"):
+            drained = side.take_events()
+            if drained:
+                events.append([step, drained])
         if waiting or running or step < last_event:
             idle = 0
         else:
             idle += 1
             if idle > 3:  # in-flight stores acknowledged too
                 break
-    return {"admissions": admissions, "steps": steps, "metrics": side.metrics()}
+    out = {"admissions": admissions, "steps": steps, "metrics": side.metrics()}
+    if case.get("kv_events"):
+        out["events"] = events
+    return out
 
 
 # ------------------------------------------------------------------------ our side
 class OursOffload:
     """Our hashchain backend with a host tier, as the loop drives it."""
 
-    def __init__(self, case: dict[str, Any]) -> None:
+    def __init__(self, case: dict[str, Any], load_only_at_admission: bool = False) -> None:
+        # load_only_at_admission: a host hit's admission reserves only the loaded tokens
+        # (allocate(req, 0, m), vLLM's async load); the rest comes at its first schedule.
+        self.load_only_at_admission = load_only_at_admission
         cfg = CacheConfig(capacity_tokens=case["gpu_blocks"] * GPU_BLOCK, page_size=GPU_BLOCK)
         tier = HostTierConfig(
             capacity_tokens=case["host_chunks"] * case["chunk"],
@@ -140,7 +152,10 @@ class OursOffload:
             store_threshold=case.get("store_threshold", 0),
             offload_prompt_only=case.get("prompt_only", True),
         )
-        self.cache = make_cache("hashchain", cfg, host_tier=tier, host_ack_delay=case.get("ack_delay", 0))
+        self.cache = make_cache(
+            "hashchain", cfg, host_tier=tier, host_ack_delay=case.get("ack_delay", 0),
+            kv_events=bool(case.get("kv_events")),
+        )  # fmt: skip
         self.reqs = {r["rid"]: Request(r["rid"], r["prompt"]) for r in case["requests"]}
         self._matches: dict[str, Any] = {}
         self.stored: list[tuple[str, int, bytes]] = []  # (rid, chunk index, key)
@@ -170,6 +185,8 @@ class OursOffload:
     def admit(self, rid: str, local: int, external: int, n: int) -> bool:
         m = self._matches.pop(rid)
         req = self.reqs[rid]
+        if external and self.load_only_at_admission:
+            return self.cache.allocate(req, 0, m)
         # The loop counts a full-prompt external hit as vLLM does; we load one token less.
         return self.cache.allocate(req, n + external - m.host_tokens, m)
 
@@ -193,7 +210,9 @@ class OursOffload:
         self.cache.check_invariants()
 
     def clear_gpu(self) -> None:
-        self.cache.evict(self.cache.usage().evictable * GPU_BLOCK)
+        # As the recorder: vLLM's evict_blocks on every free block with a hash (the same ids).
+        pool = self.cache.block_pool
+        self.cache.evict_blocks({b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is not None})
 
     def take_keys(self) -> tuple[list[tuple[str, int, bytes]], list[bytes]]:
         out = (self.stored, self.evicted)
@@ -212,6 +231,11 @@ class OursOffload:
 
     def metrics(self) -> dict[str, int]:
         return self.cache.tier_metrics()
+
+    def take_events(self) -> list[dict[str, Any]]:
+        from prefixcache.experiments.upstream.kv_event_cases import event_json
+
+        return [event_json(e) for e in self.cache.take_events()]
 
 
 # ------------------------------------------------------------------------ the cases
@@ -313,4 +337,54 @@ def cases() -> list[dict[str, Any]]:
         _random_case(9, "lru", chunk=16, host_chunks=24, store_threshold=2),
         _random_case(10, "arc", chunk=48, host_chunks=7, store_threshold=2),
         _random_case(11, "lru", chunk=48, host_chunks=5, ack_delay=1, prompt_only=False),
+    ]
+
+
+def fidelity_cases() -> list[dict[str, Any]]:
+    """Issue 33's host-tier cases, where random streams found us apart from vLLM 0.33 (recorded
+    into tests/fixtures/upstream/fidelity/, tests/test_hashchain_fidelity_cases.py)."""
+    y, x, tail = list(range(100, 164)), list(range(300, 364)), list(range(500, 564))
+    a = list(range(1000, 1127))
+    b = list(range(2000, 2073))
+    c = a[:111] + list(range(3000, 3033))
+    d = list(range(4000, 4166))
+    e = a[:111] + list(range(5000, 5017))
+    finish_order = [
+        _req("A", a, 1, 0),
+        _req("B", b, 1, 3),
+        _req("C", c, 1, 5),
+        _req("D", d, 1, 5),
+        _req("E", e, 1, 10),
+    ]
+    return [
+        # 1: L loads Y's chunk asynchronously; vLLM allocates only the 4 blocks being loaded
+        # (and the rest once the load is done), so X's blocks survive for M.
+        _case(
+            "async_load_allocates_loaded_blocks",
+            [
+                _req("Y", y, 1, 0),
+                _req("X", x, 1, 4),
+                _req("L", y + tail, 1, 6),
+                _req("M", x + [7, 8, 9], 1, 7),
+            ],
+            gpu_blocks=10, chunk=16, ack_delay=2, clear_gpu_at=(3,),
+        ),  # fmt: skip
+        # 2: C and D finish in one step; D's store found no room while B's was in flight (ack
+        # delay 1), so it is made at D's finish. Every final store of a step comes before any
+        # on_request_finished: D's evicts by the ranks before C's recency is committed.
+        _case(
+            "final_stores_before_finish_lru", finish_order,
+            chunk=16, host_chunks=14, prompt_only=False, ack_delay=1, clear_gpu_at=(9,),
+        ),  # fmt: skip
+        _case(
+            "final_stores_before_finish_arc", finish_order,
+            chunk=16, host_chunks=14, prompt_only=False, ack_delay=1, clear_gpu_at=(9,), policy="arc",
+        ),  # fmt: skip
+        # 3: the blocks a load filled are cached (one BlockStored) when the load is reported,
+        # the computed block at the next allocation (a second, parent the third block's hash).
+        _case(
+            "loaded_blocks_event_batch",
+            [_req("A", list(range(700, 748)), 1, 0), _req("B", list(range(700, 748)) + list(range(800, 816)), 1, 5)],
+            chunk=16, clear_gpu_at=(4,), kv_events=True,
+        ),  # fmt: skip
     ]

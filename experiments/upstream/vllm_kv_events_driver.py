@@ -1,6 +1,6 @@
 """Record vLLM 0.33's own KV events. Run with the upstream venv:
 
-    .venv-upstream/bin/python -m prefixcache.experiments.upstream.vllm_kv_events_driver [--streams]
+    .venv-upstream/bin/python -m prefixcache.experiments.upstream.vllm_kv_events_driver [--streams | --fidelity]
 
 Without arguments: vLLM's msgpack encoding of a few hand-built batches (the fixture that
 tests/test_kv_events.py holds our schema to). ``--streams``: the event stream of each scenario
@@ -117,7 +117,7 @@ def replay_events(scenario: dict[str, Any]) -> list[dict[str, Any]]:
 
     os.environ["PYTHONHASHSEED"] = HASH_SEED
     init_none_hash(sha256)
-    if "layout" not in scenario:  # a dense scenario of scenarios.py: one full-attention group
+    if "layout" not in scenario and "groups" not in scenario:  # dense (scenarios.py): one group
         B = scenario["page_size"]
         scenario = {
             **scenario,
@@ -129,7 +129,7 @@ def replay_events(scenario: dict[str, Any]) -> list[dict[str, Any]]:
     m, header = build(scenario)
     m.block_pool.enable_kv_cache_events = m.enable_kv_cache_events = True  # as if passed to __init__
     B = header.get("block_size", scenario["block_size"])
-    hasher = get_request_block_hasher(B, sha256)
+    hasher = get_request_block_hasher(scenario.get("prefix_match_unit") or B, sha256)
     enc = msgspec.msgpack.Encoder()
     reqs: dict[str, Request] = {}
     live: dict[str, int] = {}  # rid -> tokens allocated
@@ -207,9 +207,26 @@ def record_streams() -> int:
     return 0
 
 
+def record_fidelity() -> int:
+    """Issue 33's event case (kv_event_cases.partial_tail_scenario) -> tests/fixtures/upstream/
+    fidelity/vllm_events_<name>.json (tests/test_hashchain_fidelity_cases.py)."""
+    from prefixcache.experiments.upstream.kv_event_cases import partial_tail_scenario
+
+    scenario = partial_tail_scenario()
+    records = replay_events(scenario)
+    fixture = {"system": "vllm", "upstream": "vllm 0.33.0", "pythonhashseed": HASH_SEED,
+               "scenario": scenario, "records": records}  # fmt: skip
+    path = FIXTURES / "fidelity" / f"vllm_events_{scenario['name']}.json"
+    path.write_text(json.dumps(fixture, indent=1) + "\n")
+    print(f"{scenario['name']}: {[[e['type'] for e in r['events']] for r in records]} -> {path}")
+    return 0
+
+
 def main() -> int:
     if "--streams" in sys.argv[1:]:
         return record_streams()
+    if "--fidelity" in sys.argv[1:]:
+        return record_fidelity()
     enc = msgspec.msgpack.Encoder()
     out = [dict(case, payload=enc.encode(build(case)).hex()) for case in CASES]
     FIXTURE.write_text(json.dumps({"vllm": "0.33.0", "cases": out}, indent=1) + "\n")

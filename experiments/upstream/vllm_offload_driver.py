@@ -7,12 +7,14 @@ step it is issued, a store job in the step after (the worker submits stores at t
 step's start) plus ``ack_delay`` steps. Needs .venv-upstream (setup_venv.sh).
 
     .venv-upstream/bin/python -m prefixcache.experiments.upstream.vllm_offload_driver
-writes tests/fixtures/upstream/offload/<case>.json.
+writes tests/fixtures/upstream/offload/<case>.json; with ``--fidelity``, issue 33's cases
+(offload_cases.fidelity_cases) to tests/fixtures/upstream/fidelity/<case>.json.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 from prefixcache.experiments.upstream import shim  # noqa: F401  (must precede vllm)
-from prefixcache.experiments.upstream.offload_cases import GPU_BLOCK, cases, replay
+from prefixcache.experiments.upstream.offload_cases import GPU_BLOCK, cases, fidelity_cases, replay
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
 from vllm.sampling_params import SamplingParams
@@ -42,6 +44,8 @@ from vllm.v1.request import Request, RequestStatus
 
 init_none_hash(sha256)
 OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "upstream" / "offload"
+FIDELITY = OUT.parent / "fidelity"
+HASH_SEED = "0"  # PYTHONHASHSEED for cases with KV events: NONE_HASH, so every hash, reproducible
 BYTES_PER_BLOCK = CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT  # any size: the pool is counted in chunks
 
 
@@ -88,6 +92,8 @@ class VllmOffload:
             kv_cache_config, max_model_len=1 << 20, scheduler_block_size=GPU_BLOCK, hash_block_size=GPU_BLOCK,
             enable_caching=True,
         )  # fmt: skip
+        if case.get("kv_events"):  # as if enable_kv_cache_events were passed to __init__
+            self.kv.block_pool.enable_kv_cache_events = self.kv.enable_kv_cache_events = True
         self.conn = _connector(case, kv_cache_config)
         hasher = get_request_block_hasher(GPU_BLOCK, sha256)
         self.reqs: dict[str, Request] = {}
@@ -259,8 +265,29 @@ class VllmOffload:
     def metrics(self) -> dict[str, int]:
         return dict(self.metrics_)
 
+    def take_events(self) -> list[dict[str, Any]]:
+        from prefixcache.experiments.upstream.kv_event_cases import event_json
+
+        return [event_json(e) for e in self.kv.take_events()]
+
+
+def record_fidelity() -> None:
+    """Issue 33's cases (offload_cases.fidelity_cases) -> tests/fixtures/upstream/fidelity/."""
+    os.environ["PYTHONHASHSEED"] = HASH_SEED
+    init_none_hash(sha256)
+    FIDELITY.mkdir(parents=True, exist_ok=True)
+    for case in fidelity_cases():
+        record = replay(case, VllmOffload(case))
+        fixture = {"recorded_with": "vllm 0.33.0 (OffloadingConnectorScheduler + CPUOffloadingManager)",
+                   "pythonhashseed": HASH_SEED, "case": case, **record}  # fmt: skip
+        (FIDELITY / f"{case['name']}.json").write_text(json.dumps(fixture, indent=1) + "\n")
+        print(case["name"], record["admissions"], record["steps"], file=sys.stderr)
+
 
 def main(argv: list[str] | None = None) -> None:
+    if "--fidelity" in (sys.argv[1:] if argv is None else argv):
+        record_fidelity()
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     for case in cases():
         record = replay(case, VllmOffload(case))

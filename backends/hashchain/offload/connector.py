@@ -13,7 +13,8 @@ How our calls map onto vLLM's engine step (``step k`` = between two ``advance`` 
     on_release        request_finished
     advance (k+1)     build_connector_meta of step k: store jobs for the chunks the step
                       filled (scheduled requests in order, then the requests released in
-                      step k-1, whose recency is then committed); then update_connector_output
+                      step k-1); then each of those is signalled finished (its recency
+                      committed), after all the step's stores; then update_connector_output
                       of step k: loads admitted in step k and stores built at the start of
                       step k are acknowledged ("acks at once"; ``ack_delay`` steps later
                       otherwise). An acknowledged store is readable from the next lookup on.
@@ -232,6 +233,10 @@ class OffloadingConnectorScheduler:
             req = status.req
             end = min(max(req.num_prompt_tokens, req.num_tokens - 1), status.computed_at_release)
             self._build_store_job(status, end, finished=True)
+        # Only once every store of the step is made (vLLM build_connector_meta): a recency
+        # commit (ARC's T2 promotion) must not reorder the next finished request's evictions.
+        for rid in finished:
+            status = self._req_status[rid]
             status.finished_signaled = True
             self.manager.on_request_finished(status.ctx)
             self._drop_if_done(status)

@@ -73,10 +73,20 @@ class HostTier:
         return replace(match, host_tokens=host, external_tokens=external if host else 0)
 
     def allocate_slots(self, req: Request, num_new_tokens: int, match: BlockMatch) -> KVCacheBlocks | None:
-        """Admission: slots for the host part too (loaded now, cached once computed)."""
+        """Admission: slots for the host part too (loaded now, cached once the load is done).
+
+        ``num_new_tokens == 0`` with a host part is vLLM's async load (``Scheduler.schedule``:
+        ``num_new_tokens = 0`` when ``load_kv_async``): blocks for exactly the GPU hit and the
+        external tokens, ``allocate_slots(num_external_computed_tokens=...)``, the rest allocated
+        once the load is done. More reserves those tokens now as well (a caller's choice)."""
         assert isinstance(self.manager, DelayedCachingKVCacheManager)
+        if num_new_tokens == 0:
+            assert match.host_tokens > 0, "an admission with nothing to load reserves a token at least"
+            num_slots = match.external_tokens  # a full-prompt hit: its last token too, as vLLM
+        else:
+            num_slots = num_new_tokens + match.host_tokens
         new_blocks = self.manager.allocate_slots(
-            req, num_new_tokens + match.host_tokens, match.tokens, match.blocks, match.shared_prefix_boundary,
+            req, num_slots, match.tokens, match.blocks, match.shared_prefix_boundary,
             delay_cache_blocks=match.host_tokens > 0,
         )  # fmt: skip
         if new_blocks is not None:
@@ -84,16 +94,21 @@ class HostTier:
         return new_blocks
 
     def _load_done(self, req: Request, num_loaded_tokens: int) -> None:
-        """vLLM caches the loaded blocks when the load is reported, then schedules the request,
-        whose allocation caches the blocks of its next tokens: here they were reserved at
-        admission, so both are cached now."""
+        """vLLM caches the loaded blocks when the load is reported (``_update_waiting_for_remote_kv``:
+        one BlockStored), then schedules the request, whose allocation caches the blocks of its
+        next tokens (a second BlockStored). Blocks reserved past the load at admission (a caller
+        that reserved more than the load) are cached now, as that second call."""
+        self.manager.block_pool.event_request = req  # the BlockStored name this request's tokens
+        self.manager.cache_blocks(req, num_loaded_tokens)
         reserved = min(self.cache.reserved_tokens(req), req.num_tokens)
-        self.manager.cache_blocks(req, max(num_loaded_tokens, reserved))
+        if reserved > num_loaded_tokens:
+            self.manager.cache_blocks(req, reserved)
 
     def _block_ids(self, req: Request) -> list[int]:
         return [b.block_id for b in self.manager.get_blocks(req.request_id)[0]]
 
     def on_commit(self, req: Request) -> None:
+        self.manager.block_pool.event_request = req
         self.manager.cache_blocks(req, req.num_computed_tokens)  # no-op unless its load was not acked
         self.connector.on_commit(req, self.manager.get_blocks(req.request_id)[0])
 
