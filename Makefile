@@ -60,6 +60,9 @@ gpu-bench:
 upstream: $(STAMP)
 	test -x .venv-upstream/bin/python || bash experiments/upstream/setup_venv.sh
 	.venv-upstream/bin/python -m prefixcache.experiments.upstream.vs_upstream
+	# Seeded random streams (100 per family, seeds 0 and 1) through both upstreams and ours, op by op.
+	.venv-upstream/bin/python -m prefixcache.experiments.upstream.random_streams_vllm
+	.venv-upstream/bin/python -m prefixcache.experiments.upstream.random_streams_sglang
 
 # Both whole Mooncake traces through both backends at every capacity (about an hour on 2 cores):
 # writes the committed results/whole_traces_full/ that reproduce reads.
