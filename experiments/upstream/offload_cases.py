@@ -212,7 +212,8 @@ class OursOffload:
     def clear_gpu(self) -> None:
         # As the recorder: vLLM's evict_blocks on every free block with a hash (the same ids).
         pool = self.cache.block_pool
-        self.cache.evict_blocks({b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is not None})
+        free_cached = {b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is not None}
+        self.cache.evict_blocks(free_cached)
 
     def take_keys(self) -> tuple[list[tuple[str, int, bytes]], list[bytes]]:
         out = (self.stored, self.evicted)
@@ -384,7 +385,8 @@ def fidelity_cases() -> list[dict[str, Any]]:
         # the computed block at the next allocation (a second, parent the third block's hash).
         _case(
             "loaded_blocks_event_batch",
-            [_req("A", list(range(700, 748)), 1, 0), _req("B", list(range(700, 748)) + list(range(800, 816)), 1, 5)],
+            [_req("A", list(range(700, 748)), 1, 0),
+             _req("B", list(range(700, 748)) + list(range(800, 816)), 1, 5)],
             chunk=16, clear_gpu_at=(4,), kv_events=True,
         ),  # fmt: skip
     ]

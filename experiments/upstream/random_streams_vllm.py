@@ -202,7 +202,8 @@ def tier_stream(family: str, rng: random.Random, exclude_known: bool = False) ->
         cut = rng.randrange(0, len(base) // unit + 1) * unit + rng.choice((-1, 0, 1))
         prompt = base[: max(0, min(cut, len(base)))] + [next(fresh) for _ in range(rng.randrange(1, 40))]
         arrival += rng.choice((0, 1, 2, 3))
-        requests.append({"rid": f"q{i}", "prompt": prompt, "max_new": rng.randrange(0, 4), "arrival": arrival})
+        requests.append({"rid": f"q{i}", "prompt": prompt, "max_new": rng.randrange(0, 4),
+                         "arrival": arrival})
     need = sum(-(-(len(r["prompt"]) + r["max_new"]) // GPU_BLOCK) for r in requests)
     longest = max(-(-(len(r["prompt"]) + r["max_new"]) // GPU_BLOCK) for r in requests)
     gpu_blocks = need + 1 if exclude_known else rng.randrange(longest + 2, max(longest + 3, need // 2))
@@ -390,7 +391,8 @@ def first_difference(s: Stream, ours: Records, upstream: Records) -> str | None:
             for field in sorted(set(a) | set(b)):
                 if a.get(field) != b.get(field):
                     op = s["ops"][i]
-                    return f"op {i} {op['op']} {op.get('rid', '')}: {field}\n  ours {a.get(field)}\n  vllm {b.get(field)}"
+                    where = f"op {i} {op['op']} {op.get('rid', '')}: {field}"
+                    return f"{where}\n  ours {a.get(field)}\n  vllm {b.get(field)}"
         return None
     ours, upstream = _clear_order_free(s, ours), _clear_order_free(s, upstream)
     for field in ("error", "admissions", "steps", "events", "metrics"):
@@ -398,8 +400,9 @@ def first_difference(s: Stream, ours: Records, upstream: Records) -> str | None:
         if a == b:
             continue
         if isinstance(a, list) and isinstance(b, list):
-            i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            return f"{field}[{i}]\n  ours {a[i] if i < len(a) else None}\n  vllm {b[i] if i < len(b) else None}"
+            i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            ours, vllm = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
+            return f"{field}[{i}]\n  ours {ours}\n  vllm {vllm}"
         return f"{field}\n  ours {a}\n  vllm {b}"
     return None
 
@@ -439,7 +442,8 @@ def _tokenless(r: dict[str, Any]) -> dict[str, Any]:
     """A tier replay with every event's token_ids left out (FOUND_LOAD_EVENT_TOKENS)."""
     if "events" not in r:
         return r
-    events = [[step, [{k: v for k, v in e.items() if k != "token_ids"} for e in batch]] for step, batch in r["events"]]
+    events = [[step, [{k: v for k, v in e.items() if k != "token_ids"} for e in batch]]
+              for step, batch in r["events"]]
     return {**r, "events": events}
 
 
@@ -506,7 +510,9 @@ def shrink(s: Stream, differs: Callable[[Stream], bool]) -> Stream:
     return s
 
 
-def run_family(family: str, streams: int, seed: int, exclude_known: bool = False) -> tuple[int, int, str | None]:
+def run_family(
+    family: str, streams: int, seed: int, exclude_known: bool = False
+) -> tuple[int, int, str | None]:
     """(streams agreeing, streams, the first new difference minimised, or None). The streams
     that differ only by a known difference are counted (and their first minimised) in
     ``LAST_KNOWN[family, seed]``."""
@@ -546,7 +552,8 @@ def record(streams: int = 10, seed: int = 0) -> list[Path]:
                 upstream = [{k: v for k, v in r.items() if k != "payload"} for r in upstream]
             rows.append({"stream": s, "records": upstream})
         path = FIXTURES / f"{family}_seed{seed}.json"
-        fixture = {"upstream": UPSTREAM, "pythonhashseed": HASH_SEED, "family": family, "seed": seed, "streams": rows}
+        fixture = {"upstream": UPSTREAM, "pythonhashseed": HASH_SEED, "family": family, "seed": seed,
+                   "streams": rows}
         path.write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
         written.append(path)
     return written
@@ -560,7 +567,8 @@ def main(streams: int = 100, seeds: tuple[int, ...] = (0, 1), families: tuple[st
             agree, total, first = run_family(family, streams, seed, exclude_known)
             known = LAST_KNOWN[family, seed]
             tally = "".join(f", known {name} {n}" for name, (n, _) in known.items())
-            print(f"{family} {seed}: agree {agree}/{total}{tally} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            took = time.perf_counter() - t0
+            print(f"{family} {seed}: agree {agree}/{total}{tally} ({took:.0f} s)", flush=True)
             if first is not None:
                 print("  first new difference: " + first.replace("\n", "\n    "), flush=True)
             if verbose:

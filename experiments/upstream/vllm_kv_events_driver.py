@@ -1,6 +1,7 @@
 """Record vLLM 0.33's own KV events. Run with the upstream venv:
 
-    .venv-upstream/bin/python -m prefixcache.experiments.upstream.vllm_kv_events_driver [--streams | --fidelity]
+    .venv-upstream/bin/python -m prefixcache.experiments.upstream.vllm_kv_events_driver \
+        [--streams | --fidelity]
 
 Without arguments: vLLM's msgpack encoding of a few hand-built batches (the fixture that
 tests/test_kv_events.py holds our schema to). ``--streams``: the event stream of each scenario
