@@ -9,6 +9,7 @@ if "PREFIXCACHE_CACHE" not in os.environ:
 
     os.environ["PREFIXCACHE_CACHE"] = tempfile.mkdtemp(prefix="prefixcache-test-cache-")
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
@@ -23,3 +24,15 @@ settings.register_profile(
     suppress_health_check=list(HealthCheck),
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture
+def trace_data():  # type: ignore[no-untyped-def]
+    """The real traces' folder; the test is skipped where it is absent (a clone outside the
+    workspace, without ../shared/data or $PREFIXCACHE_DATA)."""
+    from prefixcache.experiments.inputs.traces import data_dir
+
+    try:
+        return data_dir()
+    except FileNotFoundError as e:
+        pytest.skip(f"trace data not available: {e}")

@@ -19,7 +19,7 @@ def cells() -> list[dict]:
                                                                         ("radix", "oracle"))]
 
 
-def test_the_rescaled_arrivals_offer_the_load_asked_for() -> None:
+def test_the_rescaled_arrivals_offer_the_load_asked_for(trace_data) -> None:
     c = cells()[0]
     reqs = sr.rescaled_requests(c)
     cm = CostModel(**c["cost_model"])
@@ -43,7 +43,7 @@ def _table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).drop(columns=["wall_s"]).sort_values("cell").reset_index(drop=True)
 
 
-def test_cells_on_a_local_ray_match_joblib_and_are_read_back(tmp_path) -> None:
+def test_cells_on_a_local_ray_match_joblib_and_are_read_back(tmp_path, trace_data) -> None:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
     todo = cells()
     joblib_rows = list(sr._cells(todo, tmp_path / "joblib", False, 2, "joblib", None))

@@ -114,7 +114,7 @@ def test_requests_it_does_not_know_are_hashed_as_usual(tmp_path: Path) -> None:
     assert store.computed == 0
 
 
-def test_hashchain_runs_give_the_same_records_with_the_store(tmp_path: Path) -> None:
+def test_hashchain_runs_give_the_same_records_with_the_store(tmp_path: Path, trace_data: Path) -> None:
     records = read_mooncake(resolve("mooncake_conversation_trace.jsonl"))[:60]
 
     def run(store: TracePromptHashes | None) -> list[list[object]]:
