@@ -20,6 +20,7 @@ import dataclasses
 import random
 
 import pytest
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -30,6 +31,7 @@ from hypothesis.stateful import (
     multiple,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 from prefixcache import CacheConfig, Match, PrefixCache, Request, available_backends, eviction, make_cache
@@ -362,7 +364,12 @@ def test_lifecycle_keeps_invariants_and_never_corrupts_kv(backend: str, page_siz
     STEPS.pop(backend, None)
     STRETCHES.pop(backend, None)
     BATCHES.pop(backend, None)
-    machine_for(backend, page_size).TestCase().runTest()
+    machine = machine_for(backend, page_size)
+    run_state_machine_as_test(machine)
+    if backend != "none" and page_size > 1 and not BATCHES.get(backend):
+        # The first examples' paths depend on process state (one test order in CI gave no
+        # batch that opened a page): the same derandomized run, four times as long.
+        run_state_machine_as_test(machine, settings=settings(max_examples=4 * settings().max_examples))
     if backend != "none" and page_size > 1:  # page size 1 takes a page every decode step
         assert STRETCHES.get(backend, 0) > 0, "no decode stretch was taken: the rule proved nothing"
         # (in 12 one-token pages two requests rarely decode at once: test_allocate_batch.py
