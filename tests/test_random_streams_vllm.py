@@ -30,9 +30,9 @@ ROWS = [(p.stem, i) for p in FIXTURES for i in range(len(json.loads(p.read_text(
 
 # Found by the generator; the reason says where ours goes wrong.
 NEW_DIFFERENCES = {
-    "tier-lru_s0_3": "known (1), a host hit's whole prompt allocated at admission, plus new: a host "
-    "load's BlockStored events carry the token_ids of the request allocated last, not of the "
-    "loaded one (HostTier._load_done calls cache_blocks without setting block_pool.event_request)",
+    # (It also showed a host load's BlockStored naming the last allocated request's tokens:
+    # fixed, HostTier._load_done sets block_pool.event_request.)
+    "tier-lru_s0_3": "known (1), a host hit's whole prompt allocated at admission",
 }
 
 
