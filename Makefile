@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
+.PHONY: divergence setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -63,6 +63,11 @@ upstream: $(STAMP)
 	# Seeded random streams (100 per family, seeds 0 and 1) through both upstreams and ours, op by op.
 	.venv-upstream/bin/python -m prefixcache.experiments.upstream.random_streams_vllm
 	.venv-upstream/bin/python -m prefixcache.experiments.upstream.random_streams_sglang
+
+# The divergence study's default-scale cells (float16 logits differ with the CPU's math paths):
+# writes the committed results/divergence_measured/ that reproduce reads (about 2 minutes).
+divergence: $(STAMP)
+	$(BIN)/python -c "from prefixcache.experiments.figures import study_divergence as s; s.record_measurement()"
 
 # Both whole Mooncake traces through both backends at every capacity (about an hour on 2 cores):
 # writes the committed results/whole_traces_full/ that reproduce reads.

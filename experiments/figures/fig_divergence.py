@@ -1,10 +1,12 @@
 """Figure: how far a cache hit's logits are from a full recompute's, per dtype, page size and
 model mode (default, batch-invariant): every run's largest logit difference and the change of
-the top token's log-probability, bit-identical runs on the floor. Reads ``results/divergence``;
-writes ``figures/divergence`` and ``generated/divergence.tex``."""
+the top token's log-probability, bit-identical runs on the floor. Reads
+``results/divergence_measured`` (committed, ``make divergence``) or a run at another scale in
+``results/divergence``; writes ``figures/divergence`` and ``generated/divergence.tex``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pandas as pd
 from prefixcache.experiments.analysis.divergence import DTYPES, TINY_MODEL, WHOLE
 from prefixcache.experiments.analysis.metrics import mean_ci95
 from prefixcache.experiments.figures.plotting import PALETTE, figure_main, fmt, load, save, write_macros
-from prefixcache.experiments.figures.study_divergence import MAIN_MODES, STUDY
+from prefixcache.experiments.figures.study_divergence import MAIN_MODES, STUDY, measured_summary
 
 # Macro names are letters only.
 DTYPE_WORDS = {"fp32": "Single", "fp16": "Half", "bf16": "Brain"}
@@ -143,8 +145,17 @@ def macros(df: pd.DataFrame) -> dict[str, str]:
     return values
 
 
+def study_table(results: Path) -> pd.DataFrame:
+    """The cells the figure draws: the committed default-scale measurement
+    (``results/divergence_measured``), unless ``results`` holds a run at another scale."""
+    config = results / STUDY / "config.json"
+    scale = json.loads(config.read_text())["scale"] if config.exists() else "default"
+    measured = measured_summary() if scale == "default" else None
+    return measured if measured is not None else load(results, STUDY)
+
+
 def make(results: Path, paper: Path) -> list[Path]:
-    everything = load(results, STUDY)
+    everything = study_table(results)
     df = everything[everything["mode"].isin(MAIN_MODES)]
     dtypes = [d for d in DTYPES if d in set(df["dtype"])]
     pages = sorted(df["page_size"].unique())

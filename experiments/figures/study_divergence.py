@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from prefixcache.experiments.analysis.divergence import CACHES, MODES, TINY_MODEL, WHOLE, measure
 from prefixcache.experiments.figures.common import (
+    REPO_ROOT,
     check_scale,
     read_table,
     save_study,
@@ -33,7 +34,9 @@ from prefixcache.experiments.figures.common import (
     write_table,
 )
 
+MEASURED = "divergence_measured"  # the committed default-scale cells (make divergence)
 STUDY = "divergence"
+MEASURED_DIR = REPO_ROOT / "results" / MEASURED
 # Bump when ``measure`` changes what a row means: stored cells of another version rerun.
 MEASURE_VERSION = 2
 MAIN_MODES = MODES[:2]  # default, batch-invariant; the rest are ablations
@@ -89,16 +92,53 @@ def run_cell(config: dict[str, Any], out_root: Path, force: bool = False) -> pd.
 
 
 def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -> Path:
+    """The study at ``scale``. The default scale's cells are a committed measurement
+    (``results/divergence_measured``, ``make divergence``): logits in float16 differ with the
+    CPU's math paths, so another machine would rewrite the paper's numbers. Reproduce reads
+    that measurement and computes nothing here unless it is absent."""
+    if scale == "default" and measured_summary() is not None:
+        print(f"{STUDY}: the committed measurement {MEASURED_DIR} (make divergence rewrites it)")
+        return MEASURED_DIR
+    df = _cells(configs(scale), out, force, jobs)
+    save_study(df, out, STUDY, {"scale": scale, **SCALE[scale], "caches": CACHES, "model": repr(TINY_MODEL)})
+    return out / STUDY
+
+
+def _cells(cfgs: list[dict[str, Any]], out: Path, force: bool, jobs: int) -> pd.DataFrame:
     from joblib import Parallel, delayed
 
-    cfgs = configs(scale)
     if jobs <= 1:
         frames = [run_cell(c, out, force) for c in cfgs]
     else:
         frames = Parallel(n_jobs=jobs)(delayed(run_cell)(c, out, force) for c in cfgs)
-    df = pd.concat(frames, ignore_index=True)
-    save_study(df, out, STUDY, {"scale": scale, **SCALE[scale], "caches": CACHES, "model": repr(TINY_MODEL)})
-    return out / STUDY
+    return pd.concat(frames, ignore_index=True)
+
+
+def measured_summary() -> pd.DataFrame | None:
+    """The committed default-scale cells, or None where they are absent."""
+    try:
+        return read_table(MEASURED_DIR / "summary")
+    except FileNotFoundError:
+        return None
+
+
+def record_measurement(out: Path = REPO_ROOT / "results", jobs: int = 2) -> Path:
+    """``make divergence``: measure the default scale afresh on this machine and commit the
+    result (``results/divergence_measured/summary.csv`` and ``meta.json``, with the machine)."""
+    import platform
+    import time
+
+    t0 = time.perf_counter()
+    df = _cells(configs("default"), out, True, jobs)
+    folder = out / MEASURED
+    folder.mkdir(parents=True, exist_ok=True)
+    df.to_csv(folder / "summary.csv", index=False)
+    meta = {"scale": "default", **SCALE["default"], "caches": CACHES, "model": repr(TINY_MODEL),
+            "machine": f"{platform.machine()}, {platform.processor() or '?'}, torch {torch.__version__}",
+            "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.perf_counter() - t0, 1)}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    print(f"{STUDY}: {len(df)} rows -> {folder / 'summary.csv'}")
+    return folder
 
 
 def main(argv: list[str] | None = None) -> int:
