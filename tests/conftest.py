@@ -36,3 +36,17 @@ def trace_data():  # type: ignore[no-untyped-def]
         return data_dir()
     except FileNotFoundError as e:
         pytest.skip(f"trace data not available: {e}")
+
+
+@pytest.fixture
+def vllm_hash_seed(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """NONE_HASH from PYTHONHASHSEED=0, as the upstream recorders fixed it (vLLM's default seed
+    string differs from ours, so without it event hashes would not be vLLM's); restored after."""
+    from prefixcache.backends.hashchain import hashing
+
+    saved = dict(hashing._NONE_HASHES)
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    hashing.init_none_hash(hashing.sha256)
+    yield
+    hashing._NONE_HASHES.clear()
+    hashing._NONE_HASHES.update(saved)

@@ -6,27 +6,14 @@ OffloadingConnectorScheduler over CPUOffloadingManager, driven by offload_cases.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prefixcache.backends.hashchain import hashing
 from prefixcache.experiments.upstream.offload_cases import OursOffload, fidelity_cases, replay
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream" / "fidelity"
 CASES = {c["name"]: c for c in fidelity_cases()}
-
-
-@pytest.fixture
-def vllm_hash_seed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """NONE_HASH from PYTHONHASHSEED=0, as the recorder fixed it, so event hashes are vLLM's."""
-    saved = dict(hashing._NONE_HASHES)
-    monkeypatch.setenv("PYTHONHASHSEED", "0")
-    hashing.init_none_hash(hashing.sha256)
-    yield
-    hashing._NONE_HASHES.clear()
-    hashing._NONE_HASHES.update(saved)
 
 
 def _fixture(name: str) -> dict[str, Any]:

@@ -30,7 +30,6 @@ import pytest
 kv_events = pytest.importorskip("prefixcache.kv_events", reason="needs msgspec (the events extra)")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from prefixcache.backends.hashchain import hashing  # noqa: E402
 from prefixcache.backends.hashchain.backend import HashChainCache  # noqa: E402
 from prefixcache.experiments.upstream.kv_event_cases import event_json  # noqa: E402
 
@@ -40,18 +39,6 @@ from prefixcache.cluster.routers.event_index import BlockIndex  # noqa: E402
 EVENTS = Path(__file__).parent / "fixtures" / "upstream" / "events"
 VLLM_STREAMS = sorted((EVENTS / "vllm_streams").glob("vllm_events_*.json"))
 SGLANG_STREAMS = sorted((EVENTS / "sglang_streams").glob("sglang_events_*.json"))
-
-
-@pytest.fixture
-def vllm_hash_seed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """NONE_HASH from PYTHONHASHSEED, as the recorder fixed it (vLLM's default seed string
-    differs from ours, so without it the hashes would not be vLLM's)."""
-    saved = dict(hashing._NONE_HASHES)
-    monkeypatch.setenv("PYTHONHASHSEED", "0")
-    hashing.init_none_hash(hashing.sha256)
-    yield
-    hashing._NONE_HASHES.clear()
-    hashing._NONE_HASHES.update(saved)
 
 
 # ------------------------------------------------------------------ replaying a scenario
