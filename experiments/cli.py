@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import os
 import sys
 import time
@@ -145,10 +144,9 @@ def _check_int(key: str, value: object, *, minimum: int, note: str = "") -> None
 
 
 def _arrival_scale(value: object) -> float:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type, operator]
-        raise ValueError(f"--arrival-scale must be a finite number > 0, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    from prefixcache.experiments.inputs.traces import check_arrival_scale
+
+    return check_arrival_scale(value, "--arrival-scale")
 
 
 def _own_keys_out_of_options(cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

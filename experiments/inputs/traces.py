@@ -295,19 +295,24 @@ def _in_arrival_order(records: list[TraceRecord], lines: list[int], path: Path) 
     return [records[i] for i in np.argsort(ts, kind="stable")]
 
 
+def check_arrival_scale(factor: object, what: str = "arrival scale") -> float:
+    """``factor`` as a float, or ValueError unless it is a finite real number > 0."""
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not (
+        math.isfinite(factor) and factor > 0
+    ):
+        raise ValueError(f"{what} must be a finite number > 0 (0.5 = twice the load), got {factor!r}")
+    return float(factor)
+
+
 def scale_arrivals(records: Sequence[TraceRecord], factor: float) -> list[TraceRecord]:
     """New records whose arrivals lie ``factor`` times as far from the earliest one (the first,
     in a trace read here): 0.5 replays the same requests at twice the load, 2 at half. Lengths
     and hash ids are kept and ``records`` is left as it was. ValueError unless ``factor`` is a
     finite number > 0."""
-    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not (
-        math.isfinite(factor) and factor > 0
-    ):
-        raise ValueError(f"arrival scale must be a finite number > 0 (0.5 = twice the load), got {factor!r}")
+    factor = check_arrival_scale(factor)
     if not records:
         return []
     t0 = min(r.timestamp for r in records)
-    factor = float(factor)
     return [TraceRecord(t0 + (r.timestamp - t0) * factor, r.input_length, r.output_length, r.hash_ids)
             for r in records]
 
