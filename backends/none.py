@@ -17,6 +17,7 @@ class NoCache(PrefixCache[PageTable]):
         """need_sort: the pool's SGLang allocator mode, as for the radix backend (default: SGLang's)."""
         super().__init__(config)
         self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
+        self._in_use = 0  # pages the live requests hold (usage() is read every engine step)
 
     def _match(self, req: Request) -> Match:
         return Match(self, req, req.num_tokens, 0, 0)
@@ -29,7 +30,10 @@ class NoCache(PrefixCache[PageTable]):
 
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> PageTable | None:
         pages = self.pool.alloc(-(-num_new_tokens // self.page_size))
-        return None if pages is None else PageTable(pages)
+        if pages is None:
+            return None
+        self._in_use += len(pages)
+        return PageTable(pages)
 
     def _extend(self, req: Request, state: PageTable, total_tokens: int) -> bool:
         need = -(-total_tokens // self.page_size) - len(state)
@@ -39,13 +43,18 @@ class NoCache(PrefixCache[PageTable]):
         if pages is None:
             return False
         state.extend(pages)
+        self._in_use += len(pages)
         return True
+
+    def _decode_room(self, req: Request, state: PageTable) -> int:
+        return len(state) * self.page_size - req.num_computed_tokens
 
     def _commit(self, req: Request, state: PageTable) -> None:
         pass  # nothing is published: this backend never reuses KV
 
     def _release(self, req: Request, state: PageTable) -> None:
         self.pool.free(state.array())
+        self._in_use -= len(state)
 
     def _page_table(self, req: Request, state: PageTable) -> list[int]:
         return state.tolist()
@@ -57,12 +66,12 @@ class NoCache(PrefixCache[PageTable]):
         pass
 
     def usage(self) -> PageUsage:
-        in_use = sum(len(live.state) for live in self._live.values())
-        return PageUsage(self.pool.num_free, 0, in_use)
+        return PageUsage(self.pool.num_free, 0, self._in_use)
 
     def check_invariants(self) -> None:
         super().check_invariants()
         self.pool.check()
         held = [p for live in self._live.values() for p in live.state.tolist()]
         ensure(len(set(held)) == len(held), "a page is held by two requests")
+        ensure(len(held) == self._in_use, f"{len(held)} pages held, {self._in_use} counted in use")
         ensure(not any(self.pool.is_free(p) for p in held), "a held page is also free")

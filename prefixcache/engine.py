@@ -105,6 +105,13 @@ class Engine:
         self.prefill_tokens = 0
         self.decode_tokens = 0
         self.stretched_steps = 0  # steps taken inside decode stretches (see _decode_stretch)
+        self.deferred_decode_steps = 0  # decode steps of requests taken without a cache call
+        # Deferred decoders (``run`` only, ``multi_step``): request id -> (the first step it
+        # decodes without the cache being called, the step it is taken up again at), and the
+        # requests to take up by step. See ``_defer``.
+        self._deferred: dict[str, tuple[int, int]] = {}
+        self._take_up_at: dict[int, list[Request]] = {}
+        self._may_defer = False
         self._loading: dict[str, float] = {}  # request id -> when its async host load is done
         self._link_free_at = 0.0  # the host link carries one load at a time
         self._overlapped_load_end = 0.0  # this step's same-forward loads end here
@@ -172,22 +179,38 @@ class Engine:
         self.arrivals.read_from(requests)
         if total is None and hasattr(requests, "__len__"):
             total = len(requests) + len(self.records)  # type: ignore[arg-type]
-        with tqdm(total=total, disable=not progress, unit="req", leave=False) as bar:
-            idle = 0
-            self._read_arrivals()
-            bar.update(self.num_finished)
-            while self.has_unfinished():
-                before = self.num_finished
-                busy = (self._decode_stretch() or self.step()) > 0 or self.cache.transfers_in_flight()
-                idle = 0 if busy else idle + 1
-                if idle > 2:
-                    raise RuntimeError(f"engine made no progress at step {self.step_count}: {self.waiting!r}")
-                bar.update(self.num_finished - before)
+        # A page of one token is opened by every decode step: nothing to defer.
+        self._may_defer = self.multi_step and self.model is None and self.cache.page_size > 1
+        try:
+            with tqdm(total=total, disable=not progress, unit="req", leave=False) as bar:
+                self._run_to_the_end(bar)
+        finally:  # a caller may step on by hand, or look at the requests: all of them exact
+            self._may_defer = False
+            for req in [r for r in self.running if r.request_id in self._deferred]:
+                self._take_up(req)
+            self._take_up_at.clear()
         return list(self.records.values())
+
+    def _run_to_the_end(self, bar: Any) -> None:
+        idle = 0
+        self._read_arrivals()
+        bar.update(self.num_finished)
+        while self.has_unfinished():
+            before = self.num_finished
+            busy = (self._decode_stretch() or self.step()) > 0 or self.cache.transfers_in_flight()
+            idle = 0 if busy else idle + 1
+            if idle > 2:
+                raise RuntimeError(f"engine made no progress at step {self.step_count}: {self.waiting!r}")
+            bar.update(self.num_finished - before)
 
     # ---------------------------------------------------------------- one step
     def step(self) -> int:
         """Run one engine step; returns the number of tokens computed in it."""
+        due = self._take_up_at.pop(self.step_count, None)
+        if due:  # deferred decoders whose room ran out (as the last step left them)
+            for req in due:
+                if self._deferred.get(req.request_id, (0, -1))[1] == self.step_count:
+                    self._take_up(req)
         self._move_arrivals()
         next_arrival = self.arrivals.next_time()
         if not self.running and not self.waiting and next_arrival is not None:
@@ -199,9 +222,20 @@ class Engine:
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         running = self.running
+        deferred = self._deferred
+        num_deferred = 0  # deferred decoders that decode this step: counted, not called
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            if deferred and req.request_id in deferred:
+                end = self._deferred_run_end(i)
+                if end - i <= budget and self.cache.decode_in_place_now():
+                    budget -= end - i
+                    num_deferred += end - i
+                    i = end
+                    continue
+                for r in running[i:end]:  # the budget or the cache says: step them one by one
+                    self._take_up(r)
             if self._loading and not self._load_done(req):
                 i += 1  # its KV is still coming from the host: nothing to compute yet
                 continue
@@ -223,6 +257,8 @@ class Engine:
                 continue
             while not self._allocate(req, n):
                 victim = running.pop()  # the latest admitted goes first, as in vLLM
+                if victim.request_id in deferred:
+                    self._take_up(victim)  # (after req: it has not decoded this step)
                 self._preempt(victim)
                 preempted = True
                 if victim is req:
@@ -231,16 +267,20 @@ class Engine:
                 scheduled.append((req, n))
                 budget -= n
                 i += 1
+        if deferred and i < len(running):  # the budget ran out before these: no step for them
+            for r in running[i:]:
+                if r.request_id in deferred:
+                    self._take_up(r)
         if not preempted and self.waiting and budget > 0:
             budget = self._admit_waiting(budget, scheduled)
         self.peak_pages_in_use = max(self.peak_pages_in_use, self.cache.usage().in_use)
-        if not scheduled:
+        if not scheduled and not num_deferred:
             if self._loading:  # only loads in flight: wait for the first to land
                 self.clock = max(self.clock, min(self._loading.values()))
             elif self.cache.transfers_in_flight():  # a scheduler pass that waits on the tier
                 self.clock += self.cost_model.step_overhead_s
             return 0
-        self._execute(scheduled)
+        self._execute(scheduled, num_deferred)
         if self.check_invariants:
             self.cache.check_invariants()
         return self.token_budget - budget
@@ -292,9 +332,9 @@ class Engine:
         if popped < len(admitted):
             self.waiting = deque(r for r in waiting if r.request_id not in admitted)
 
-    def _execute(self, scheduled: list[tuple[Request, int]]) -> None:
+    def _execute(self, scheduled: list[tuple[Request, int]], num_deferred: int = 0) -> None:
         next_tokens = self._run_model(scheduled) if self.model is not None else None
-        prefill = decode = 0
+        prefill, decode = 0, num_deferred
         in_prefill, records = self._in_prefill, self.records
         reqs = []
         for req, n in scheduled:
@@ -330,6 +370,8 @@ class Engine:
                     rec.first_token_step, rec.first_token_time = step, clock
             if num_output >= req.max_new_tokens:
                 self._finish(req)
+            elif self._may_defer:
+                self._defer(req, step + 1)
         self.step_count += 1  # step numbers count from 0, as admission_step does
 
     def _decode_stretch(self) -> int:
@@ -337,19 +379,23 @@ class Engine:
         decode inside held pages: nothing waits or arrives before their last one starts, every
         running request decodes in each (the budget covers them all), none finishes, and the
         cache says each step changes nothing but the reservations (``decode_steps_in_place``).
-        The records, the clock and the cache end exactly as after stepping one by one. Returns
+        Every running request is deferred (``_defer``) over those steps and the clock moves on:
+        the records, the clock and the cache end exactly as after stepping one by one. Returns
         the tokens computed (0: take a normal step)."""
-        if not self.multi_step:
+        if not self._may_defer:
             return 0
         self._move_arrivals()  # as the step would begin
         running = self.running
-        if self.model is not None or self.waiting or self._in_prefill or self._loading:
+        if self.waiting or self._in_prefill or self._loading:
             return 0
         if not 0 < len(running) <= self.token_budget:  # each running request decodes each step
             return 0
+        if not self.cache.decode_in_place_now():
+            return 0
+        now, deferred = self.step_count, self._deferred
         steps = min(
-            min(self.cache.decode_steps_in_place(req), req.max_new_tokens - req.num_output_tokens - 1)
-            for req in running  # the step that emits a request's last token finishes it
+            deferred[req.request_id][1] - now if req.request_id in deferred else self._steps_to_defer(req)
+            for req in running
         )
         dt = self.cost_model.step_time(0, len(running))
         next_arrival = self.arrivals.next_time()
@@ -361,14 +407,8 @@ class Engine:
         if steps < 2:
             return 0  # a single step is just as quick the normal way
         for req in running:
-            rec = self.records[req.request_id]
-            for _ in range(steps - 1):  # the tokens the reservation covers must exist
-                req.append_output_token_ids(self._next_output_token(req))
-            self._timed(req, self.cache.advance_in_place, req, steps)
-            req.num_computed_tokens += steps
-            self._timed(req, self.cache.commit)
-            req.append_output_token_ids(self._next_output_token(req))
-            rec.output_tokens = req.num_output_tokens
+            if req.request_id not in deferred:
+                self._defer(req, now)
         self.clock = clock
         self.decode_tokens += steps * len(running)
         self.step_count += steps
@@ -376,6 +416,54 @@ class Engine:
         if self.check_invariants:
             self.cache.check_invariants()
         return steps * len(running)
+
+    # ---------------------------------------------------------------- deferred decoders
+    # A decode step inside pages a request already holds changes nothing in the cache but the
+    # request's own counters (``PrefixCache.decode_room``, while ``decode_in_place_now``). Such
+    # steps are deferred: the request stays in ``running`` and is counted in each step's
+    # budget and clock, but no cache call and no per-token work is made for it until the step
+    # its room runs out, the one that emits its last token, or anything that needs it exact
+    # (the step cannot serve every deferred decoder, the cache is no longer in place, a
+    # preemption): then ``_take_up`` applies the deferred steps at once and it is stepped one
+    # by one again.
+    def _steps_to_defer(self, req: Request) -> int:
+        """How many coming decode steps of ``req`` may be deferred: its room in the cache, but
+        not the step that emits its last token (it finishes there)."""
+        return min(self.cache.decode_room(req), req.max_new_tokens - req.num_output_tokens - 1)
+
+    def _defer(self, req: Request, first_step: int) -> None:
+        """Defer ``req``'s decode steps from ``first_step`` on, as many as it may."""
+        steps = self._steps_to_defer(req)
+        if steps > 0:
+            wake = first_step + steps
+            self._deferred[req.request_id] = (first_step, wake)
+            self._take_up_at.setdefault(wake, []).append(req)
+
+    def _take_up(self, req: Request) -> None:
+        """Apply ``req``'s deferred steps (those taken before the current step) as the steps
+        one by one would have left it, and step it one by one from here."""
+        first, _ = self._deferred.pop(req.request_id)
+        steps = self.step_count - first
+        if not steps:
+            return
+        self.deferred_decode_steps += steps
+        self._emit(req, steps - 1)  # the tokens the reservation covers must exist
+        t0 = time.perf_counter_ns()
+        self.cache.advance_in_place(req, steps)
+        req.num_computed_tokens += steps
+        self.cache.commit(req)
+        rec = self.records[req.request_id]
+        rec.cache_op_ns += time.perf_counter_ns() - t0
+        self._emit(req, 1)
+        rec.output_tokens = req.num_output_tokens
+
+    def _deferred_run_end(self, start: int) -> int:
+        """The end of the run of deferred decoders in ``running`` from ``start``."""
+        running, deferred = self.running, self._deferred
+        end = start + 1
+        while end < len(running) and running[end].request_id in deferred:
+            end += 1
+        return end
 
     # ---------------------------------------------------------------- helpers
     def _read_arrivals(self) -> None:
@@ -395,10 +483,13 @@ class Engine:
         """The running requests from ``start`` on that decode this step (one token each,
         within ``budget``), up to the first that prefills: one ``allocate_batch``, in the
         running order that one-by-one allocation would follow."""
-        running, in_prefill = self.running, self._in_prefill
+        running, in_prefill, deferred = self.running, self._in_prefill, self._deferred
         end = min(len(running), start + budget)
         k = start
-        while k < end and running[k].request_id not in in_prefill:
+        while k < end:
+            rid = running[k].request_id
+            if rid in in_prefill or rid in deferred:  # a prefill, or a decoder not stepped now
+                break
             k += 1
         return running[start:k]
 
@@ -485,11 +576,23 @@ class Engine:
     def _next_output_token(self, req: Request) -> int:
         """The planned or simulated token at the request's next output position (its tokens
         are made on its first decode step and kept while it runs)."""
-        k = req.num_output_tokens
+        return self._output_tokens(req)[req.num_output_tokens]
+
+    def _output_tokens(self, req: Request) -> list[int]:
+        """``req``'s planned or simulated output tokens by position, one past those it has at
+        least (a planned output shorter than ``max_new_tokens`` goes on simulated)."""
         tokens = self._outputs.get(req.request_id)
-        if tokens is None or k >= len(tokens):
+        if tokens is None or req.num_output_tokens >= len(tokens):
             tokens = self._outputs[req.request_id] = output_tokens(req, self.seed, self.vocab_size)
-        return tokens[k]
+        return tokens
+
+    def _emit(self, req: Request, n: int) -> None:
+        """Append ``req``'s next ``n`` output tokens, as ``n`` steps one by one would."""
+        while n > 0:
+            tokens, k = self._output_tokens(req), req.num_output_tokens
+            chunk = tokens[k : k + n]
+            req.append_output_token_ids(chunk)
+            n -= len(chunk)
 
     def _run_model(self, scheduled: list[tuple[Request, int]]) -> list[int]:
         from prefixcache.model import SeqChunk  # model mode only: torch stays out of simulation

@@ -369,19 +369,40 @@ class PrefixCache(ABC, Generic[S]):
         its token computed, ``commit(req)``) that change nothing in the cache but its own
         reservation: no page taken, freed, evicted, merged or published. 0 if it is not live,
         not decoding (its reservation is not exactly its computed tokens), or the backend does
-        not say. ``advance_in_place`` takes that many at once; the engine uses it to skip
-        stretches of decode-only steps."""
+        not say. It is ``decode_room(req)`` while ``decode_in_place_now()`` holds, else 0;
+        ``advance_in_place`` takes that many at once; the engine uses it to skip stretches of
+        decode-only steps."""
+        room = self.decode_room(req)
+        return room if room and self.decode_in_place_now() else 0
+
+    def decode_room(self, req: Request) -> int:
+        """How many decode steps the live ``req``'s own pages hold from here that change
+        nothing but its reservation whenever ``decode_in_place_now()`` holds as each is taken,
+        whatever other requests do in between: its own part of ``decode_steps_in_place``
+        (steps inside pages it holds, none filling a block that would be published). 0 if it
+        is not live, not decoding, or the backend does not say."""
         live = self._record_of(req)
         if live is None or live.reserved != req.num_computed_tokens:
             return 0
-        return self._decode_steps_in_place(req, live.state)
+        return self._decode_room(req, live.state)
+
+    def decode_in_place_now(self) -> bool:
+        """Whether a decode step within ``decode_room``, taken now, changes nothing in the
+        cache but its request's reservation: the rest of the condition, which depends on the
+        cache as a whole (radix: a page is free, so SGLang's decode has nothing to evict for,
+        and no staged pages are due to merge; a host tier: no copy under way). The engine
+        checks it before each run of decoders whose steps it defers. True by default."""
+        return self._in_place_now()
 
     def advance_in_place(self, req: Request, num_steps: int) -> None:
         """Reserve ``num_steps`` decode steps at once, as many ``allocate(req, 1)`` rounds would
-        (the caller then computes them, advances ``num_computed_tokens`` and commits). Only what
-        ``decode_steps_in_place`` allows: ValueError beyond it, or past the known tokens."""
+        (the caller then computes them, advances ``num_computed_tokens`` and commits). Only
+        within ``decode_room`` (ValueError beyond it, or past the known tokens), and only for
+        steps each taken while ``decode_in_place_now()`` held: the caller vouches for that
+        (the engine defers such steps and takes them here later, when the cache as a whole
+        may have moved on)."""
         _check_count("num_steps", num_steps, minimum=1)
-        allowed = self.decode_steps_in_place(req)
+        allowed = self.decode_room(req)
         if num_steps > allowed:
             self._live_record(req, "advance_in_place")  # not live: that error
             raise ValueError(
@@ -629,9 +650,14 @@ class PrefixCache(ABC, Generic[S]):
         for live in records:
             self._commit(live.request, live.state)
 
-    def _decode_steps_in_place(self, req: Request, state: S) -> int:
-        """``decode_steps_in_place`` for a decoding live request; 0 unless the backend knows."""
+    def _decode_room(self, req: Request, state: S) -> int:
+        """``decode_room`` for a decoding live request; 0 unless the backend knows."""
         return 0
+
+    def _in_place_now(self) -> bool:
+        """``decode_in_place_now``; backends whose in-place steps depend on the whole cache
+        say when they do not hold."""
+        return True
 
     @abstractmethod
     def _commit(self, req: Request, state: S) -> None: ...

@@ -186,8 +186,9 @@ class Request:
     @property
     def prompt_array(self) -> npt.NDArray[np.int64]:
         """The prompt as a read-only int64 array (built once, on first use)."""
+        tokens = self._tokens()  # (building a deferred prompt may set the array: kept)
         if self._prompt_array is None:
-            arr = np.array(self._tokens()[: self._num_prompt_tokens], dtype=np.int64)
+            arr = np.array(tokens[: self._num_prompt_tokens], dtype=np.int64)
             arr.flags.writeable = False
             self._prompt_array = arr
         return self._prompt_array

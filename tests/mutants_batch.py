@@ -5,6 +5,9 @@ SUITES = [
     "tests/test_allocate_batch.py",
     "tests/test_stateful.py::test_lifecycle_keeps_invariants_and_never_corrupts_kv",
     "tests/test_engine_golden.py",
+    "tests/test_engine.py::test_decode_stretches_change_no_record_and_no_cache_state",
+    "tests/test_engine.py::test_deferred_decode_steps_change_nothing_with_a_host_tier",
+    "tests/test_engine.py::test_deferred_decoders_past_the_budget_wait_as_one_by_one",
 ]
 
 MUTANTS = {
@@ -47,7 +50,47 @@ MUTANTS = {
     ),
     "engine: a decode run that takes in a prefilling request": (
         "prefixcache/engine.py",
-        "        while k < end and running[k].request_id not in in_prefill:",
-        "        while k < end:",
+        "            if rid in in_prefill or rid in deferred:",
+        "            if rid in deferred:",
+    ),
+    "engine: a decode run that takes in a deferred decoder (its step counted twice)": (
+        "prefixcache/engine.py",
+        "            if rid in in_prefill or rid in deferred:",
+        "            if rid in in_prefill:",
+    ),
+    "engine: deferred decoders served although the step's budget does not reach them all": (
+        "prefixcache/engine.py",
+        "                if end - i <= budget and self.cache.decode_in_place_now():",
+        "                if self.cache.decode_in_place_now():",
+    ),
+    "engine: deferred decoders served while the cache is not in place (a radix decode evicts)": (
+        "prefixcache/engine.py",
+        "                if end - i <= budget and self.cache.decode_in_place_now():",
+        "                if end - i <= budget:",
+    ),
+    "engine: deferred decoders past a step's spent budget counted as served": (
+        "prefixcache/engine.py",
+        "        if deferred and i < len(running):  # the budget ran out before these: no step for them",
+        "        if False:",
+    ),
+    "engine: a decoder deferred one step past its room (a page opening skipped)": (
+        "prefixcache/engine.py",
+        "        return min(self.cache.decode_room(req), req.max_new_tokens - req.num_output_tokens - 1)",
+        "        return min(self.cache.decode_room(req) + 1, req.max_new_tokens - req.num_output_tokens - 1)",
+    ),
+    "engine: a decoder deferred through the step that finishes it": (
+        "prefixcache/engine.py",
+        "        return min(self.cache.decode_room(req), req.max_new_tokens - req.num_output_tokens - 1)",
+        "        return min(self.cache.decode_room(req), req.max_new_tokens - req.num_output_tokens)",
+    ),
+    "engine: a preempted deferred decoder released without its deferred steps": (
+        "prefixcache/engine.py",
+        "                    self._take_up(victim)  # (after req: it has not decoded this step)",
+        "                    self._deferred.pop(victim.request_id)",
+    ),
+    "radix: an in-page decode step counted in place while no page is free": (
+        "backends/radix/backend.py",
+        "        return self._shortfall(demand) <= 0 and not self.pool.would_merge(0, merge_if_over)",
+        "        return not self.pool.would_merge(0, merge_if_over)",
     ),
 }

@@ -257,7 +257,10 @@ def _cache_state(cache: PrefixCache[Any], probes: list[Request]) -> list[object]
     state: list[object] = [cache.usage(), cache.stats]
     for probe in probes:
         m: Any = cache.lookup(probe)
-        pages = [b.block_id for b in m.blocks[0]] if hasattr(m, "blocks") else m.indices.tolist()
+        if hasattr(m, "blocks"):
+            pages = [b.block_id for b in m.blocks[0]]
+        else:  # (the no-cache baseline's match holds nothing)
+            pages = m.indices.tolist() if hasattr(m, "indices") else []
         state.append((m.tokens, pages))
     pool = getattr(cache, "block_pool", None)
     if pool is not None:
@@ -266,9 +269,9 @@ def _cache_state(cache: PrefixCache[Any], probes: list[Request]) -> list[object]
 
 
 def _run_workload(
-    name: str, backend: str, page: int, capacity: int, multi_step: bool
+    name: str, backend: str, page: int, capacity: int, multi_step: bool, **options: Any
 ) -> tuple[Engine, list[object]]:
-    cache = make_cache(backend, CacheConfig(capacity // page, page))
+    cache = make_cache(backend, CacheConfig(capacity // page, page), **options)
     engine = Engine(cache, "fcfs", token_budget=512, multi_step=multi_step)
     records = engine.run(make_workload(name, seed=1).generate())
     prompts = [r.prompt_token_ids for r in make_workload(name, seed=1).generate()]
@@ -289,9 +292,74 @@ def test_decode_stretches_change_no_record_and_no_cache_state(
     stepped, expected = _run_workload(name, backend, page, capacity, multi_step=False)
     stretched, got = _run_workload(name, backend, page, capacity, multi_step=True)
     assert got == expected
-    assert stepped.stretched_steps == 0
+    assert stepped.stretched_steps == stepped.deferred_decode_steps == 0
     if page == 1:  # every decode step takes a page: nothing to skip
-        assert stretched.stretched_steps == 0
+        assert stretched.stretched_steps == stretched.deferred_decode_steps == 0
+    elif stepped.decode_tokens:  # decode steps inside held pages are deferred, taken up exactly
+        assert stretched.deferred_decode_steps > 0  # (rag's prompts exceed the tight p16 pool)
+
+
+TIERS = {
+    "hashchain-lru": ("hashchain", {"eviction_policy": "lru"}),
+    "hashchain-arc": ("hashchain", {"eviction_policy": "arc", "block_size": 32}),
+    "radix-write-through": ("radix", {"write_policy": "write_through"}),
+    "radix-write-back": ("radix", {"write_policy": "write_back"}),
+}
+
+
+@pytest.mark.filterwarnings("ignore:HiCache host pool")
+@pytest.mark.parametrize("tier", sorted(TIERS))
+@pytest.mark.parametrize(
+    "name", ["generated-shared-prefix", "multi-turn-chat", "react-agent", "tree-of-thought"]
+)
+def test_deferred_decode_steps_change_nothing_with_a_host_tier(name: str, tier: str) -> None:
+    """The same with a host tier (stores in flight make the cache say no step is in place:
+    the deferred decoders are then taken up and stepped one by one), in a pool tight enough
+    to evict, and the no-cache baseline."""
+    from prefixcache.tiers import HostTierConfig
+
+    backend, fields_ = TIERS[tier]
+    host = HostTierConfig(capacity_tokens=1 << 15, **fields_)  # type: ignore[arg-type]
+    stepped, expected = _run_workload(name, backend, 16, 12_288, False, host_tier=host)
+    deferred, got = _run_workload(name, backend, 16, 12_288, True, host_tier=host)
+    assert got == expected
+    assert deferred.deferred_decode_steps > 0
+
+
+@pytest.mark.parametrize("rest", [5, 40], ids=["some-starve", "all-starve"])
+def test_deferred_decoders_past_the_budget_wait_as_one_by_one(rest: int) -> None:
+    """A step whose budget runs out before every decoder is served: the decoders past it
+    decode nothing that step (deferred ones are taken up and stepped one by one). vLLM's
+    async host load gets there: B, admitted first, computes nothing while its load is in
+    flight, so the four requests admitted after it decode (deferred) under the budget of 8;
+    once loaded, B's ``rest`` prompt tokens take part or all of it."""
+    from prefixcache.tiers import HostLink, HostTierConfig
+
+    def requests() -> list[Request]:
+        flush = [Request(f"x{i}", tokens(96, seed=50 + i), max_new_tokens=2, arrival_time=1.0)
+                 for i in range(3)]  # push A out of the device pool (its host copy stays)
+        late = [Request(f"c{i}", tokens(3, seed=90 + i), max_new_tokens=60, arrival_time=2.0)
+                for i in range(4)]
+        b = Request("b", tokens(160, seed=1) + tokens(rest, seed=2), max_new_tokens=4, arrival_time=2.0)
+        return [Request("a", tokens(160, seed=1), max_new_tokens=2), *flush, b, *late]
+
+    runs = []
+    for multi_step in (False, True):
+        cache = make_cache("hashchain", CacheConfig(16 * 24, 16),
+                           host_tier=HostTierConfig(capacity_tokens=16 * 200))
+        engine = Engine(cache, "fcfs", token_budget=8, multi_step=multi_step,
+                        host_link=HostLink(bandwidth_bytes_per_s=1e9, latency_s=0.05))
+        runs.append((_rows(engine.run(requests())), engine.clock, engine.step_count))
+        assert engine.records["b"].hit_tokens == 160 and cache.stats.host_hits > 0
+        assert (engine.deferred_decode_steps > 0) == multi_step
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("name", ["multi-turn-chat", "tree-of-thought"])
+def test_deferred_decode_steps_change_nothing_without_a_cache(name: str) -> None:
+    stepped, expected = _run_workload(name, "none", 16, 12_288, multi_step=False)
+    deferred, got = _run_workload(name, "none", 16, 12_288, multi_step=True)
+    assert got == expected and deferred.deferred_decode_steps > 0
 
 
 @pytest.mark.parametrize("backend", ["hashchain", "radix"])

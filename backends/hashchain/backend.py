@@ -288,10 +288,12 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         self.block_pool.event_request = req  # as _extend leaves it
         return True
 
-    def _decode_steps_in_place(self, req: Request, state: KVCacheBlocks) -> int:
-        if self.offload is not None and self.offload.busy():
-            return 0  # a step could store or acknowledge something: no step may be skipped
+    def _decode_room(self, req: Request, state: KVCacheBlocks) -> int:
         return self.manager.coordinator.decode_steps_in_place(req.request_id, req.num_computed_tokens)
+
+    def _in_place_now(self) -> bool:
+        # While the tier is busy a step could store or acknowledge something: none is skipped.
+        return self.offload is None or not self.offload.busy()
 
     def _commit(self, req: Request, state: KVCacheBlocks) -> None:
         # Nothing to publish: full blocks were cached at allocation (vLLM). Only check.

@@ -316,16 +316,18 @@ class RadixPrefixCache(PrefixCache[_Live]):
             k += 1
         return k - start
 
-    def _decode_steps_in_place(self, req: Request, state: _Live) -> int:
-        """A decode step inside the last page takes no page; it changes nothing when, as
-        SGLang's alloc_decode, it has no tokens to evict for (a free page) and no staged pages
-        to merge. Page size 1 takes a page every step."""
+    def _decode_room(self, req: Request, state: _Live) -> int:
+        """A decode step inside the last page takes no page (page size 1 takes one every
+        step); ``_in_place_now`` says when it changes nothing else."""
         if self.page_size == 1 or not state.decoding:
             return 0
-        demand, merge_if_over = self._demand(1, decode=True)
-        if self._shortfall(demand) > 0 or self.pool.would_merge(0, merge_if_over):
-            return 0
         return len(state.pages) * self.page_size - req.num_computed_tokens
+
+    def _in_place_now(self) -> bool:
+        """As SGLang's alloc_decode: no tokens to evict for (a page is free) and no staged
+        pages to merge."""
+        demand, merge_if_over = self._demand(1, decode=True)
+        return self._shortfall(demand) <= 0 and not self.pool.would_merge(0, merge_if_over)
 
     def _checkpoint(self, req: Request, live: _Live) -> None:
         """SGLang's ``RadixCache.checkpoint(req, up_to=num_computed_tokens)`` (radix_cache.py).

@@ -210,13 +210,13 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         self.cached_tokens_host += m.host_tokens
         return _Live(pages, hit, last_node, 0, req.num_tokens)
 
-    def _decode_steps_in_place(self, req: Request, state: _Live) -> int:
-        """None while a copy is in flight: its ack (next step) changes the cache."""
+    def _in_place_now(self) -> bool:
+        """Not while a copy is in flight: its ack (next step) changes the cache."""
         if self.hitree.ongoing_writes or self.hitree.ongoing_loads:
-            return 0
+            return False
         if self.storage is not None and self.storage.in_flight():
-            return 0
-        return super()._decode_steps_in_place(req, state)
+            return False
+        return super()._in_place_now()
 
     def _checkpoint(self, req: Request, live: _Live) -> None:
         """RadixPrefixCache._checkpoint, except that pages the tree adopted (host-only nodes
