@@ -28,8 +28,9 @@ state as stepping one by one (tests/test_engine.py checks it on every built-in w
 A host tier (``PrefixCache.host_tier``, ``prefixcache.tiers``) adds loads at admission: the
 tokens a match's ``host_tokens`` covers cross ``host_link`` one load after another. SGLang loads
 them in the same forward, layer by layer (``load_overlapped``): the step lasts as long as its
-compute or its loads, whichever ends later. vLLM loads asynchronously: the request computes
-nothing until its load is done, and then from the next step on. Each step begins with
+compute or its loads, whichever ends later. vLLM loads asynchronously: the admission reserves
+only the hit (``allocate(req, 0, match)``: the loaded blocks), the request computes nothing
+until its load is done, and its first chunk is allocated from the next step on. Each step begins with
 ``cache.advance_transfers()`` (stores acknowledged); a match still ``pending`` on a store is
 skipped and retried, as vLLM's scheduler retries a lookup that returned None.
 
@@ -303,7 +304,10 @@ class Engine:
             n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget, match)
             if n == 0:
                 break
-            if not self._allocate(req, n, match):
+            # vLLM's async load: the admission reserves only the hit (the loaded blocks); the
+            # chunk is allocated at the request's first step after the load, as any running one.
+            loads_later = match.host_tokens > 0 and not self.cache.load_overlapped
+            if not self._allocate(req, 0 if loads_later else n, match):
                 break
             rec = self.records[req.request_id]
             if rec.admission_step is None:
@@ -528,6 +532,7 @@ class Engine:
         return self._timed(req, self.cache.lookup)  # type: ignore[no-any-return]
 
     def _allocate(self, req: Request, n: int, match: Match | None = None) -> bool:
+        """``cache.allocate(req, n, match)``, its evictions charged to ``req``'s record."""
         evicted = self.cache.stats.evicted_tokens
         ok = bool(self._timed(req, self.cache.allocate, req, n, match))
         self.records[req.request_id].evicted_tokens += self.cache.stats.evicted_tokens - evicted

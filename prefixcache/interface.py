@@ -231,18 +231,26 @@ class PrefixCache(ABC, Generic[S]):
         fills at allocation (vLLM's ``allocate_slots``), so others would read them unwritten,
         silently; computing past the room is refused at ``commit`` instead, loudly.
 
+        ``num_new_tokens`` may be 0 on the first call only when the match's host hit loads
+        asynchronously (``host_tokens`` and not ``load_overlapped``): the admission then
+        reserves just the hit, as vLLM's scheduler calls ``allocate_slots`` with
+        ``num_new_tokens=0`` for a request whose external tokens load asynchronously; its next
+        ``allocate`` reserves what it computes.
+
         Later calls extend the reservation to ``num_computed_tokens + num_new_tokens`` (a no-op
         if it is already that large) and take no match. Evicts unpinned cache entries if
         needed. Returns False when there is no room (for the whole of ``[hit, total)``) even
         after eviction, and then NOTHING has changed.
 
-        Raises ValueError (and changes nothing) if num_new_tokens is not a positive int, if the
+        Raises ValueError (and changes nothing) if num_new_tokens is not a positive int (or 0
+        as above), if the
         reservation would reach past the request's known tokens (for a stale match: from the
         match as passed and from the revalidated hit alike), if the request could never fit in
         the pool, or if ``match`` is not this cache's match of this request at its current
         length.
         """
-        if type(num_new_tokens) is not int or num_new_tokens < 1:
+        # 0 only with a match: a first allocate that just loads a host hit (checked below)
+        if type(num_new_tokens) is not int or num_new_tokens < (0 if match is not None else 1):
             _check_count("num_new_tokens", num_new_tokens, minimum=1)
         try:
             live = self._live.get(req.request_id)
@@ -265,6 +273,13 @@ class PrefixCache(ABC, Generic[S]):
             told, match = match, self._current(req, match)
         if match.pending:
             raise ValueError(f"the match of {req.request_id!r} is pending (its host copies are being stored)")
+        if num_new_tokens == 0 and not (match.host_tokens and not self.load_overlapped):
+            how = "no host tokens" if not match.host_tokens else "a host hit loaded in the same forward"
+            raise ValueError(
+                f"num_new_tokens must be >= 1, got 0 (allocate of {req.request_id!r}: only an "
+                f"admission whose host hit loads asynchronously, vLLM's, reserves just its hit; "
+                f"this match has {how})"
+            )
         hit = match.tokens + match.host_tokens
         total = min(hit + num_new_tokens, req.num_tokens)
         # "Never fits in the pool" first: it is about the request, whatever the hit adds.

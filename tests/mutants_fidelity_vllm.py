@@ -8,6 +8,7 @@ from __future__ import annotations
 SUITES = [
     "tests/test_hashchain_fidelity_cases.py",
     "tests/test_hashchain_offload.py",
+    "tests/test_engine_tiers.py",
 ]
 
 T = "backends/hashchain/offload/tier.py"
@@ -18,6 +19,16 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         T,
         "            num_slots = match.external_tokens  # a full-prompt hit: its last token too, as vLLM\n",
         "            num_slots = req.num_tokens - match.tokens\n",
+    ),
+    "fidelity: the engine admits an async host load with its whole first chunk (case 1)": (
+        "prefixcache/engine.py",
+        "            if not self._allocate(req, 0 if loads_later else n, match):",
+        "            if not self._allocate(req, n, match):",
+    ),
+    "fidelity: the replay harness admits an async host load with its whole first chunk (case 1)": (
+        "experiments/upstream/offload_cases.py",
+        "        if external and m.host_tokens:",
+        "        if False:",
     ),
     "fidelity: each finished request's recency is committed right after its own final store": (
         C,

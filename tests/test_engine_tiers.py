@@ -49,3 +49,23 @@ def test_a_model_with_a_host_tier_is_refused() -> None:
     cache = make_cache("radix", CacheConfig(1100, 1), host_tier=HostTierConfig())
     with pytest.raises(ValueError, match="model mode has no host tier"):
         Engine(cache, model=object())
+
+
+def test_a_vllm_async_load_admission_reserves_only_the_hit() -> None:
+    """vLLM 0.33 ``Scheduler.schedule``: a request whose external tokens load asynchronously
+    is admitted with ``allocate_slots(num_new_tokens=0)``, its loaded blocks only (issue 33,
+    case 1; tests/test_hashchain_fidelity_cases.py has the upstream numbers). Its chunk is
+    allocated at its first step after the load."""
+    cache = make_cache("hashchain", CacheConfig(1120, 16), host_tier=HostTierConfig())
+    engine = Engine(cache, cost_model=COST, host_link=SLOW, check_invariants=True)
+    engine.arrivals.read_from(requests())
+    b = None
+    while b is None or engine.records["b"].admission_step is None:
+        engine.step()
+        b = next((r for r in engine.running if r.request_id == "b"), b)
+    hit = engine.records["b"].hit_tokens
+    assert cache.stats.host_hits > 0 and "b" in engine._loading
+    assert cache.reserved_tokens(b) == hit < b.num_tokens  # the hit, nothing computed past it
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.records["b"].output_tokens == 1

@@ -140,10 +140,7 @@ def replay(case: dict[str, Any], side: Side) -> dict[str, Any]:
 class OursOffload:
     """Our hashchain backend with a host tier, as the loop drives it."""
 
-    def __init__(self, case: dict[str, Any], load_only_at_admission: bool = False) -> None:
-        # load_only_at_admission: a host hit's admission reserves only the loaded tokens
-        # (allocate(req, 0, m), vLLM's async load); the rest comes at its first schedule.
-        self.load_only_at_admission = load_only_at_admission
+    def __init__(self, case: dict[str, Any]) -> None:
         cfg = CacheConfig(capacity_tokens=case["gpu_blocks"] * GPU_BLOCK, page_size=GPU_BLOCK)
         tier = HostTierConfig(
             capacity_tokens=case["host_chunks"] * case["chunk"],
@@ -185,7 +182,9 @@ class OursOffload:
     def admit(self, rid: str, local: int, external: int, n: int) -> bool:
         m = self._matches.pop(rid)
         req = self.reqs[rid]
-        if external and self.load_only_at_admission:
+        if external and m.host_tokens:
+            # vLLM's async load: the admission reserves only the hit (allocate_slots with
+            # num_new_tokens=0); the rest comes at its first schedule after the load.
             return self.cache.allocate(req, 0, m)
         # The loop counts a full-prompt external hit as vLLM does; we load one token less.
         return self.cache.allocate(req, n + external - m.host_tokens, m)
