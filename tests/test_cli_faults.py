@@ -279,10 +279,17 @@ def test_the_printed_example_is_a_valid_sweep(capsys) -> None:
 
 
 # ------------------------------------------------------------------------------ concurrency, SIGINT
+def _default_sigint() -> None:
+    # As a shell starts a command: a library earlier in this test process may have left
+    # SIGINT ignored, and an ignored disposition survives exec (Python then installs no
+    # KeyboardInterrupt handler, so the run would finish and exit 0).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(*args: str, **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONWARNINGS="ignore::DeprecationWarning")
     return subprocess.Popen([sys.executable, "-m", "prefixcache", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, **kw)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint, **kw)
 
 
 def test_concurrent_forced_runs_and_sweeps_into_one_out_lose_nothing(tmp_path) -> None:
