@@ -19,11 +19,14 @@ to the next arrival (``arrivals.Arrivals`` reads the source lazily). Per-request
 ``records.RequestRecord``s are what the research layer analyses; simulated output tokens come
 from ``synthesis``.
 
-Decode-only stretches are taken at once (``multi_step``, on by default): when nothing waits or
-arrives, every running request decodes, none finishes and the cache reports that each step
-changes only reservations (``PrefixCache.decode_steps_in_place``: no page taken, evicted or
-published), ``run`` advances all those steps in one go, with the same records, clock and cache
-state as stepping one by one (tests/test_engine.py checks it on every built-in workload).
+Decode steps inside held pages are deferred (``multi_step``, on by default, ``run`` only): a
+step that changes nothing in the cache but the request's counters (``PrefixCache.decode_room``
+while ``decode_in_place_now``: no page taken, evicted or published) gets no cache call and no
+per-token work; the request is counted in each step's budget and clock and taken up at once
+when its room runs out or anything needs it exact (see "deferred decoders" below). When
+nothing waits or arrives and every running request decodes, ``run`` jumps the clock over
+those steps (a decode stretch). Records, clock and cache state are those of stepping one by
+one (tests/test_engine.py checks it on every built-in workload, with tiers and without a cache).
 
 A host tier (``PrefixCache.host_tier``, ``prefixcache.tiers``) adds loads at admission: the
 tokens a match's ``host_tokens`` covers cross ``host_link`` one load after another. SGLang loads
@@ -452,14 +455,11 @@ class Engine:
             return
         self.deferred_decode_steps += steps
         self._emit(req, steps - 1)  # the tokens the reservation covers must exist
-        t0 = time.perf_counter_ns()
-        self.cache.advance_in_place(req, steps)
+        self._timed(req, self.cache.advance_in_place, req, steps)
         req.num_computed_tokens += steps
-        self.cache.commit(req)
-        rec = self.records[req.request_id]
-        rec.cache_op_ns += time.perf_counter_ns() - t0
+        self._timed(req, self.cache.commit)
         self._emit(req, 1)
-        rec.output_tokens = req.num_output_tokens
+        self.records[req.request_id].output_tokens = req.num_output_tokens
 
     def _deferred_run_end(self, start: int) -> int:
         """The end of the run of deferred decoders in ``running`` from ``start``."""

@@ -243,11 +243,10 @@ class PrefixCache(ABC, Generic[S]):
         after eviction, and then NOTHING has changed.
 
         Raises ValueError (and changes nothing) if num_new_tokens is not a positive int (or 0
-        as above), if the
-        reservation would reach past the request's known tokens (for a stale match: from the
-        match as passed and from the revalidated hit alike), if the request could never fit in
-        the pool, or if ``match`` is not this cache's match of this request at its current
-        length.
+        as above), if the reservation would reach past the request's known tokens (for a stale
+        match: from the match as passed and from the revalidated hit alike), if the request
+        could never fit in the pool, or if ``match`` is not this cache's match of this request
+        at its current length.
         """
         # 0 only with a match: a first allocate that just loads a host hit (checked below)
         if type(num_new_tokens) is not int or num_new_tokens < (0 if match is not None else 1):

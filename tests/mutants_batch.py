@@ -90,7 +90,7 @@ MUTANTS = {
     ),
     "radix: an in-page decode step counted in place while no page is free": (
         "backends/radix/backend.py",
-        "        return self._shortfall(demand) <= 0 and not self.pool.would_merge(0, merge_if_over)",
-        "        return not self.pool.would_merge(0, merge_if_over)",
+        "        return self._calm()\n",
+        "        return not self.pool.would_merge(0, 1)\n",
     ),
 }

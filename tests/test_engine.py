@@ -315,7 +315,7 @@ TIERS = {
 def test_deferred_decode_steps_change_nothing_with_a_host_tier(name: str, tier: str) -> None:
     """The same with a host tier (stores in flight make the cache say no step is in place:
     the deferred decoders are then taken up and stepped one by one), in a pool tight enough
-    to evict, and the no-cache baseline."""
+    to evict."""
     from prefixcache.tiers import HostTierConfig
 
     backend, fields_ = TIERS[tier]

@@ -324,10 +324,9 @@ class RadixPrefixCache(PrefixCache[_Live]):
         return len(state.pages) * self.page_size - req.num_computed_tokens
 
     def _in_place_now(self) -> bool:
-        """As SGLang's alloc_decode: no tokens to evict for (a page is free) and no staged
-        pages to merge."""
-        demand, merge_if_over = self._demand(1, decode=True)
-        return self._shortfall(demand) <= 0 and not self.pool.would_merge(0, merge_if_over)
+        """While calm (``_calm``: a page free, nothing staged to merge), as the in-place
+        decode step of ``_extend_in_place`` requires."""
+        return self._calm()
 
     def _checkpoint(self, req: Request, live: _Live) -> None:
         """SGLang's ``RadixCache.checkpoint(req, up_to=num_computed_tokens)`` (radix_cache.py).
