@@ -44,6 +44,7 @@ from prefixcache import (
     make_cache,
     make_scheduler,
 )
+from prefixcache.cost_model import named_clock
 
 DEFAULTS: dict[str, Any] = {
     "workload": "multi-turn-chat",
@@ -61,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "params": {},
     "options": {},  # the backend's own keywords (make_cache), e.g. {"use_eagle": true}
     "host_tier": None,  # HostTierConfig fields (prefixcache.tiers) or None: no host tier
+    "clock": "cpu",  # the simulated clock: cpu (measured) or a GPU roofline (cost_model.named_clock)
 }
 # --host-* flags of `run` -> HostTierConfig fields
 HOST_FLAGS = (("--host-tokens", "capacity_tokens", int, "host tier size in tokens"),
@@ -114,6 +116,9 @@ def full_config(overrides: dict[str, Any]) -> dict[str, Any]:
         warnings.warn(f"page size {cfg['page_size']} is not a power of two: {POWERS_OF_TWO_NOTE}; "
                       "the run models neither engine as deployed", stacklevel=2)
     cfg["layout"] = _layout(cfg["layout"])
+    if not isinstance(cfg["clock"], str):
+        raise ValueError(f"clock must be a name (cpu, h100-llama3-8b, ...), got {cfg['clock']!r}")
+    named_clock(cfg["clock"])  # ValueError listing the valid names
     CacheConfig(cfg["capacity_tokens"], cfg["page_size"], layout=cfg["layout"])  # its own errors
     cfg["eviction_policy"] = _eviction_policy(cfg["backend"], cfg["eviction_policy"])
     _check_option_names(cfg["backend"], cfg["options"])
@@ -334,7 +339,8 @@ def simulate(
         raise ValueError(f"{cfg['backend']}: {e}") from None
     requests, total = build_requests(cfg, trace_records)
     requests, scheduler = offline_schedule(requests, cfg["scheduler"])
-    engine = Engine(cache, scheduler, cfg["token_budget"], seed=cfg["seed"])
+    clock = named_clock(cfg["clock"])
+    engine = Engine(cache, scheduler, cfg["token_budget"], seed=cfg["seed"], cost_model=clock)
     t0 = time.perf_counter()
     records = engine.run(requests, progress=progress, total=total)
     wall = time.perf_counter() - t0
@@ -360,6 +366,7 @@ def simulate(
         prompt_tokens_per_s=summary["prompt_tokens"] / wall if wall else None,
         steps=engine.step_count,
         simulated_s=engine.clock,
+        clock=engine.cost_model.source,
         cache_hit_rate=cache.stats.hit_rate,
     )
     if tier is not None:
@@ -683,6 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
                    'as [["sliding_window", 1024], ["full"]] (default: one full-attention layer)')
     r.add_argument("--arrival-scale", dest="arrival_scale", type=float,
                    help="arrival times x this, counted from the first: 0.5 is twice the load (default: 1)")
+    r.add_argument("--clock", help="the simulated clock: cpu (measured on this CPU, default) or a GPU "
+                   "roofline: h100-llama3-8b, h200-llama3-8b (prefixcache/roofline.py)")
     r.add_argument("--param", action="append", help="workload parameter key=value (repeatable)")
     r.add_argument("--option", action="append",
                    help="backend option key=value (JSON value), e.g. use_eagle=true (repeatable; "

@@ -25,6 +25,8 @@ from typing import Any
 
 import pandas as pd
 
+from prefixcache.cost_model import named_clock
+
 # Bumped when a run's files change meaning: folders of an older format are not "finished".
 RUN_FORMAT = 3
 SUMMARY_KEYS = ("requests", "rejected", "token_hit_rate", "request_hit_rate")
@@ -52,6 +54,8 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k != "trace"}
     ident["trace_sha256"] = trace_digest(cfg["trace"]) if cfg.get("trace") else None
     ident["run_format"] = RUN_FORMAT
+    if "clock" in cfg:  # by its constants: a recalibrated clock is another run
+        ident["clock"] = named_clock(cfg["clock"]).constants()
     return ident
 
 
@@ -77,6 +81,8 @@ def run_name(cfg: dict[str, Any]) -> str:
         parts.append("host")
     if cfg.get("arrival_scale", 1.0) != 1.0:
         parts.append(f"arrivals{cfg['arrival_scale']:g}")
+    if cfg.get("clock", "cpu") != "cpu":
+        parts.append(cfg["clock"])
     return "-".join([*parts, run_digest(cfg)[:10]])
 
 

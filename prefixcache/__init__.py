@@ -18,6 +18,7 @@ from prefixcache.layout import LayerSpec, ModelLayout
 from prefixcache.records import RequestRecord
 from prefixcache.registry import available_backends, make_cache, register_backend
 from prefixcache.request import MultiModalSpan, Request
+from prefixcache.roofline import RooflineClock
 from prefixcache.scheduler import Schedule, Scheduler, available_schedulers, make_scheduler
 from prefixcache.synthesis import simulated_tokens
 
@@ -38,6 +39,7 @@ __all__ = [
     "PrefixCache",
     "Request",
     "RequestRecord",
+    "RooflineClock",
     "Schedule",
     "Scheduler",
     "available_backends",

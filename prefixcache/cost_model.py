@@ -7,6 +7,11 @@ least squares and writes ``cost_model_measured.json`` beside this module (packag
 machine, the model config and the fit quality. ``CostModel.measured()`` reads that file, and the
 engine uses it unless handed constants of its own. A missing or malformed file is an error:
 there are no fallback numbers.
+
+The other clock is ``roofline.RooflineClock`` (a GPU and a model from public constants), with
+the same ``step_time``; it also reads each step's attention work, which this one ignores
+(``reads_context``). ``named_clock`` builds either by name, ``clock_from_constants`` from what
+a study cell recorded.
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from prefixcache.roofline import ROOFLINE_NAMES, RooflineClock
 
 MEASURED_PATH = Path(__file__).with_name("cost_model_measured.json")
 CONSTANTS = ("step_overhead_s", "prefill_token_s", "decode_token_s")
@@ -37,6 +46,7 @@ class CostModel:
     prefill_token_s: float
     decode_token_s: float
     source: str = field(default="explicit constants", compare=False)
+    reads_context = False  # charges tokens only: the engine need not count attention work
 
     def __post_init__(self) -> None:
         for name in CONSTANTS:
@@ -55,9 +65,47 @@ class CostModel:
         """The three constants as a plain dict (what a study cell's config records)."""
         return {name: float(getattr(self, name)) for name in CONSTANTS}
 
-    def step_time(self, prefill_tokens: int, decode_tokens: int) -> float:
+    def step_time(
+        self, prefill_tokens: int, decode_tokens: int, sequences: int = 0, attention_pairs: int = 0,
+        context_tokens: int = 0,
+    ) -> float:
+        """Seconds of a step; the attention counts a context-reading clock takes
+        (``roofline.RooflineClock``) are not charged here."""
         prefill = self.prefill_token_s * prefill_tokens
         return self.step_overhead_s + prefill + self.decode_token_s * decode_tokens
+
+    def saturated_request_s(self, prompt_tokens: int, output_tokens: int, token_budget: int) -> float:
+        """Seconds one request adds to an engine kept busy by others: its tokens' costs, the
+        step overheads amortised by batching (not charged; ``token_budget`` is the roofline's
+        concern)."""
+        return self.prefill_token_s * prompt_tokens + self.decode_token_s * output_tokens
+
+    def isolated_prefill_s(self, prompt_tokens: Any, hit_tokens: Any) -> Any:
+        """A prefill of ``prompt - hit`` tokens alone in its step (array-wise)."""
+        missed = np.asarray(prompt_tokens) - np.asarray(hit_tokens)
+        return self.step_overhead_s + self.prefill_token_s * missed
+
+
+# The engine's clocks: the measured linear one and the GPU roofline (same step_time signature).
+Clock = CostModel | RooflineClock
+
+
+def clock_from_constants(constants: dict[str, Any]) -> Clock:
+    """The clock a study cell's config recorded (``constants()`` of either kind)."""
+    if "clock" in constants:
+        return RooflineClock.from_constants(constants)
+    return CostModel(**constants)
+
+
+def named_clock(name: str) -> Clock:
+    """``cpu`` (the measured CPU clock, ``CostModel.measured()``) or a roofline preset such as
+    ``h100-llama3-8b`` (``RooflineClock.named``); ValueError listing the valid names."""
+    if name == "cpu":
+        return CostModel.measured()
+    if name not in ROOFLINE_NAMES:
+        valid = ", ".join(("cpu (measured on a CPU)", *ROOFLINE_NAMES))
+        raise ValueError(f"unknown clock {name!r}; valid: {valid}")
+    return RooflineClock.named(name)
 
 
 def read_measured(path: Path | None = None) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from prefixcache.arrivals import Arrivals
-from prefixcache.cost_model import CostModel
+from prefixcache.cost_model import Clock, CostModel
 from prefixcache.interface import Match, PrefixCache
 from prefixcache.records import RequestRecord
 from prefixcache.request import Request
@@ -73,7 +73,7 @@ class Engine:
         model: Any | None = None,
         *,
         max_num_seqs: int = 256,
-        cost_model: CostModel | None = None,
+        cost_model: Clock | None = None,
         seed: int = 0,
         vocab_size: int = 32_000,
         check_invariants: bool = False,
@@ -114,6 +114,9 @@ class Engine:
         # decodes without the cache being called, the step it is taken up again at), and the
         # requests to take up by step. See ``_defer``.
         self._deferred: dict[str, tuple[int, int]] = {}
+        # sum over deferred decoders of (computed tokens - first deferred step): their context
+        # at step s sums to this + s x their number (for a clock that reads context)
+        self._deferred_context_base = 0
         self._take_up_at: dict[int, list[Request]] = {}
         self._may_defer = False
         self._loading: dict[str, float] = {}  # request id -> when its async host load is done
@@ -343,6 +346,13 @@ class Engine:
         next_tokens = self._run_model(scheduled) if self.model is not None else None
         prefill, decode = 0, num_deferred
         in_prefill, records = self._in_prefill, self.records
+        reads_context = self.cost_model.reads_context
+        context = pairs = 0  # what a context-reading clock charges (see roofline.py)
+        if reads_context and num_deferred:  # each decodes one token after its context
+            if self.check_invariants:
+                assert num_deferred == len(self._deferred), "a deferred decoder left out of its step"
+            context = self._deferred_context_base + num_deferred * self.step_count
+            pairs = context + num_deferred
         reqs = []
         for req, n in scheduled:
             if req.request_id in in_prefill:
@@ -350,10 +360,16 @@ class Engine:
                 records[req.request_id].computed_prefill_tokens += n
             else:
                 decode += n
+            if reads_context:
+                c = req.num_computed_tokens
+                context += c
+                pairs += n * c + n * (n + 1) // 2
             req.num_computed_tokens += n
             reqs.append(req)
         self._timed_batch(reqs, self.cache.commit_batch)
-        end = self.clock + self.cost_model.step_time(prefill, decode)  # times: at the end of the step
+        sequences = len(reqs) + num_deferred
+        dt = self.cost_model.step_time(prefill, decode, sequences, pairs, context)
+        end = self.clock + dt  # times: at the end of the step
         if self._overlapped_load_end > end:
             self.load_wait_s += self._overlapped_load_end - end
             end = self._overlapped_load_end
@@ -404,10 +420,18 @@ class Engine:
             deferred[req.request_id][1] - now if req.request_id in deferred else self._steps_to_defer(req)
             for req in running
         )
-        dt = self.cost_model.step_time(0, len(running))
+        width = len(running)
+        dt = self.cost_model.step_time(0, width, width)
+        reads_context = self.cost_model.reads_context
+        if reads_context:  # the running requests' context at this step
+            context = self._deferred_context_base + len(deferred) * now
+            context += sum(r.num_computed_tokens for r in running if r.request_id not in deferred)
         next_arrival = self.arrivals.next_time()
         clock, taken = self.clock, 0
         while taken < steps and not (taken and next_arrival is not None and next_arrival <= clock):
+            if reads_context:  # each step's context is one token longer per request
+                at = context + taken * width
+                dt = self.cost_model.step_time(0, width, width, at + width, at)
             clock += dt  # as each step adds its time (the same float sum)
             taken += 1
         steps = taken
@@ -444,12 +468,14 @@ class Engine:
         if steps > 0:
             wake = first_step + steps
             self._deferred[req.request_id] = (first_step, wake)
+            self._deferred_context_base += req.num_computed_tokens - first_step
             self._take_up_at.setdefault(wake, []).append(req)
 
     def _take_up(self, req: Request) -> None:
         """Apply ``req``'s deferred steps (those taken before the current step) as the steps
         one by one would have left it, and step it one by one from here."""
         first, _ = self._deferred.pop(req.request_id)
+        self._deferred_context_base -= req.num_computed_tokens - first
         steps = self.step_count - first
         if not steps:
             return

@@ -160,6 +160,7 @@ MUTANT_MODULES = [
     "tests.mutants_offload_hashchain",
     "tests.mutants_eviction_zoo",
     "tests.mutants_batch",
+    "tests.mutants_roofline",
     "tests.mutants_fidelity_vllm",
     "tests.mutants_fidelity_sglang",
 ]

@@ -39,7 +39,8 @@ def test_index_memory_is_measured_only_when_asked(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "flag, value, valid",
-    [("--workload", "nope", "few-shot"), ("--backend", "nope", "none"), ("--scheduler", "nope", "lpm")],
+    [("--workload", "nope", "few-shot"), ("--backend", "nope", "none"), ("--scheduler", "nope", "lpm"),
+     ("--clock", "a100", "h200-llama3-8b")],
 )
 def test_unknown_names_are_errors_listing_the_valid_ones(tmp_path, capsys, flag, value, valid) -> None:
     assert main(["run", flag, value, "--out", str(tmp_path)]) == 2
@@ -59,6 +60,22 @@ def test_run_replays_a_trace(tmp_path, capsys) -> None:
     write_mooncake(path, [TraceRecord(0, 600, 2, (0, 1)), TraceRecord(1, 600, 2, (0, 2))])
     assert main(["run", "--trace", str(path), "--backend", "none", "--out", str(tmp_path / "r")]) == 0
     assert "t-none-p16-cap16384-fcfs-b2048-s0-" in capsys.readouterr().out
+
+
+def test_the_clock_is_a_setting_of_the_run(tmp_path, capsys) -> None:
+    """--clock picks the simulated clock: another clock is another run (its name and digest),
+    recorded in the summary, and the same cache work takes the roofline's GPU seconds."""
+    out = tmp_path / "r"
+    base = ["run", "--workload", "multi-turn-chat", "--out", str(out)]
+    assert main(base) == 0 and main([*base, "--clock", "cpu"]) == 0  # the default, spelled out
+    assert "skipped" in capsys.readouterr().out.splitlines()[-1]
+    assert main([*base, "--clock", "h100-llama3-8b"]) == 0
+    summaries = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/summary.json")}
+    assert len(summaries) == 2
+    (gpu,) = [s for name, s in summaries.items() if "-h100-llama3-8b-" in name]
+    (cpu,) = [s for name, s in summaries.items() if "-h100-" not in name]
+    assert gpu["clock"] == "roofline: Llama-3-8B on H100 SXM" and cpu["clock"].startswith("model-mode CPU")
+    assert gpu["token_hit_rate"] == cpu["token_hit_rate"] and gpu["simulated_s"] != cpu["simulated_s"]
 
 
 def _sweep(tmp_path, grid_lines: str) -> int:

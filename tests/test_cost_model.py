@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prefixcache.experiments.bench import cost_model as calibration
 
 from prefixcache import CacheConfig, CostModel, Engine, make_cache
-from prefixcache.cost_model import CONSTANTS, MEASURED_PATH, read_measured
+from prefixcache.cost_model import CONSTANTS, MEASURED_PATH, named_clock, read_measured
 
 SHAPES = calibration.shapes_of(calibration.PLANS["cpu"])
 PREFILL = np.array([s.prefill for s in SHAPES])
@@ -160,6 +160,11 @@ def test_engine_cells_record_their_clock_and_replay_cells_have_none() -> None:
     assert "cost_model" not in cell_config("t", mode="replay", **kw)
     other_clock = {**engine_cell, "cost_model": {**engine_cell["cost_model"], "step_overhead_s": 1.0}}
     assert cell_name(other_clock) != cell_name(engine_cell)  # a recalibration reruns the cell
+    gpu = named_clock("h100-llama3-8b")
+    gpu_cell = cell_config("t", clock=gpu, **kw)
+    assert gpu_cell["cost_model"] == gpu.constants() and cell_name(gpu_cell) != cell_name(engine_cell)
+    with pytest.raises(ValueError, match="has no clock"):
+        cell_config("t", mode="replay", clock=gpu, **kw)
 
 
 def test_an_engine_cell_runs_under_the_clock_its_config_records(tmp_path: Path) -> None:
@@ -194,3 +199,8 @@ def test_the_paper_macros_name_the_calibration_and_refuse_studies_of_another_clo
     write_table(pd.DataFrame({"cost_model": [json.dumps(other)]}), results / "scheduling" / "summary")
     with pytest.raises(ValueError, match="scheduling ran under"):
         tab_cost_model.make(results, paper)
+    # the GPU roofline beside the calibrated clock (the ttft study runs both) is no contradiction
+    gpu = json.dumps(named_clock("h100-llama3-8b").constants())
+    write_table(pd.DataFrame({"cost_model": [json.dumps(cost.constants()), gpu]}),
+                results / "scheduling" / "summary")
+    assert tab_cost_model.make(results, paper) == [path]

@@ -20,7 +20,7 @@ from prefixcache import (
     available_backends,
     make_cache,
 )
-from prefixcache.cost_model import CostModel
+from prefixcache.cost_model import Clock, CostModel, named_clock
 from prefixcache.engine import Engine
 from prefixcache.scheduler import available_schedulers, make_scheduler
 from prefixcache.synthesis import simulated_tokens
@@ -269,10 +269,11 @@ def _cache_state(cache: PrefixCache[Any], probes: list[Request]) -> list[object]
 
 
 def _run_workload(
-    name: str, backend: str, page: int, capacity: int, multi_step: bool, **options: Any
+    name: str, backend: str, page: int, capacity: int, multi_step: bool, clock: Clock | None = None,
+    **options: Any,
 ) -> tuple[Engine, list[object]]:
     cache = make_cache(backend, CacheConfig(capacity // page, page), **options)
-    engine = Engine(cache, "fcfs", token_budget=512, multi_step=multi_step)
+    engine = Engine(cache, "fcfs", token_budget=512, multi_step=multi_step, cost_model=clock)
     records = engine.run(make_workload(name, seed=1).generate())
     prompts = [r.prompt_token_ids for r in make_workload(name, seed=1).generate()]
     probes = [Request(f"probe{i}", list(p)) for i, p in enumerate(prompts)]
@@ -297,6 +298,23 @@ def test_decode_stretches_change_no_record_and_no_cache_state(
         assert stretched.stretched_steps == stretched.deferred_decode_steps == 0
     elif stepped.decode_tokens:  # decode steps inside held pages are deferred, taken up exactly
         assert stretched.deferred_decode_steps > 0  # (rag's prompts exceed the tight p16 pool)
+
+
+@pytest.mark.parametrize("capacity", [1 << 17, 12_288], ids=["ample", "tight"])
+@pytest.mark.parametrize("backend", ["hashchain", "radix"])
+@pytest.mark.parametrize("name", available_workloads())
+def test_deferral_charges_a_context_reading_clock_as_step_by_step(
+    name: str, backend: str, capacity: int
+) -> None:
+    """Under the GPU roofline clock each step costs its requests' context: deferred decoders
+    (counted, not stepped) and decode stretches are charged the contexts the step-by-step
+    engine sums request by request, so records, clock and cache state agree."""
+    clock = named_clock("h100-llama3-8b")
+    stepped, expected = _run_workload(name, backend, 16, capacity, False, clock)
+    deferred, got = _run_workload(name, backend, 16, capacity, True, clock)
+    assert got == expected
+    if stepped.decode_tokens:
+        assert deferred.deferred_decode_steps > 0
 
 
 TIERS = {

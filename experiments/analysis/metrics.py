@@ -10,8 +10,10 @@ Definitions (rejected requests, which never ran, are left out of every rate):
 - granularity loss: tokens an unbounded token-level cache reuses that an unbounded B-token
                     page cache cannot (each request loses its hit mod B; (B-1)/2 on average)
 - TTFT:             simulated seconds from arrival to the first output token under the engine's
-                    CostModel (queueing included); ``isolated_ttft_s`` is the no-queue estimate
-                    ``step_overhead_s + prefill_token_s * (prompt - hit)``.
+                    clock (queueing included); ``isolated_ttft_s`` is the no-queue estimate, the
+                    missed tokens prefilled alone in one step (the clock's
+                    ``isolated_prefill_s``; the CPU clock:
+                    ``step_overhead_s + prefill_token_s * (prompt - hit)``).
 - fraction of infinite: a hit rate over the same convention's infinite-cache hit rate.
 
 Two block conventions for traces that come as block ids (Mooncake: one id per 512-token block,
@@ -42,9 +44,10 @@ from prefixcache.experiments.analysis.bounds import BlockTrace, block_trace, inf
 from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, TraceRecord
 
 from prefixcache import CostModel, PrefixCache, RequestRecord
+from prefixcache.cost_model import Clock
 
 
-def records_frame(records: Sequence[RequestRecord], cost_model: CostModel | None = None) -> pd.DataFrame:
+def records_frame(records: Sequence[RequestRecord], cost_model: Clock | None = None) -> pd.DataFrame:
     """One tidy row per request, with derived columns (ttft_s, isolated_ttft_s, cache_op_us)."""
     cost = cost_model or CostModel.measured()
     df = pd.DataFrame([dataclasses.asdict(r) for r in records])
@@ -56,9 +59,9 @@ def records_frame(records: Sequence[RequestRecord], cost_model: CostModel | None
     return df
 
 
-def isolated_ttft_s(prompt_tokens: Any, hit_tokens: Any, cost: CostModel) -> Any:
+def isolated_ttft_s(prompt_tokens: Any, hit_tokens: Any, cost: Clock) -> Any:
     """TTFT with nothing else running: one step that prefills the missed tokens."""
-    return cost.step_overhead_s + cost.prefill_token_s * (np.asarray(prompt_tokens) - np.asarray(hit_tokens))
+    return cost.isolated_prefill_s(prompt_tokens, hit_tokens)
 
 
 def token_hit_rate(records: Sequence[RequestRecord]) -> float:
@@ -99,7 +102,7 @@ def summarize(
     *,
     page_size: int,
     peak_pages_in_use: int | None = None,
-    cost_model: CostModel | None = None,
+    cost_model: Clock | None = None,
 ) -> dict[str, Any]:
     """The per-run numbers written to summary.json."""
     ran = _ran(records)

@@ -31,6 +31,7 @@ from prefixcache.experiments.analysis.metrics import block_hit_rate_of
 from prefixcache.experiments.inputs.workloads import make_workload
 
 from prefixcache import CacheConfig, CostModel, Engine, PrefixCache, Request, make_cache
+from prefixcache.cost_model import Clock, clock_from_constants
 
 SCALES = ("tiny", "default", "full")
 REPLAY_MODES = ("replay", "chunked-replay")  # cells without an engine (and so without a clock)
@@ -91,13 +92,14 @@ def cell_config(study: str, *, source: str, backend: str, page_size: int, capaci
                 mode: str = "engine", scheduler: str = "fcfs", token_budget: int = 2048,
                 options: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
                 label: str | None = None, limit: int | None = None, seed: int = 0,
-                layout: str | None = None, chunk: int | None = None) -> dict[str, Any]:
+                layout: str | None = None, chunk: int | None = None,
+                clock: Clock | None = None) -> dict[str, Any]:
     """The one dict that defines a cell. ``source`` is a workload name or a trace key of
     MOONCAKE_TRACES; ``params`` the workload's keywords; ``options`` the backend's; ``layout``
     a ``prefixcache.layout`` preset name (absent for a plain model, so older cells keep their
     names); ``chunk`` the prefill chunk of a "chunked-replay" cell. Engine
-    cells also record the clock (the measured cost model's constants), so that a recalibration
-    reruns them; replays have no clock."""
+    cells also record the clock (``clock``'s constants, by default the measured cost model's),
+    so that a recalibration or another clock reruns them; replays have no clock."""
     config = dict(study=study, source=source, params=params or {}, limit=limit, mode=mode,
                   backend=backend, options=options or {}, label=label or backend, page_size=page_size,
                   capacity_tokens=capacity_tokens, scheduler=scheduler, token_budget=token_budget,
@@ -109,7 +111,9 @@ def cell_config(study: str, *, source: str, backend: str, page_size: int, capaci
     elif chunk is not None:
         raise ValueError(f"chunk is for chunked-replay cells, not {mode!r}")
     if mode not in REPLAY_MODES:  # run_cell drives every other mode through the engine
-        config["cost_model"] = CostModel.measured().constants()
+        config["cost_model"] = (clock if clock is not None else CostModel.measured()).constants()
+    elif clock is not None:
+        raise ValueError(f"a {mode!r} cell has no clock")
     return config
 
 
@@ -268,7 +272,7 @@ def run_engine(
 ) -> tuple[pd.DataFrame, Engine]:
     reqs, scheduler = offline_schedule(reqs, config["scheduler"])
     engine = Engine(cache, scheduler, config["token_budget"], seed=config["seed"],
-                    cost_model=CostModel(**config["cost_model"]))
+                    cost_model=clock_from_constants(config["cost_model"]))
     records = engine.run(reqs)
     df = pd.DataFrame([asdict(r) for r in records])
     df["ttft_s"] = df["first_token_time"] - df["arrival_time"]
