@@ -2,13 +2,14 @@
 
 SGLang varies how much of each prompt is shared and plots TTFT against the hit rate that
 results. Here: SGLang's generated-shared-prefix workload with a fixed prompt length and a
-shared system prompt of ``fraction`` of it, Poisson arrivals at a utilisation of the cost
-model's no-cache capacity, prefill and decode (the same arrival sample at every sweep point:
-common random numbers), several seeds, served by the simulated engine
-(its ``CostModel``: a fixed step overhead plus per-token prefill and decode costs; queueing
-included). Beside the measured TTFT, ``metrics.isolated_ttft_s`` gives the no-queue estimate
-``step_overhead + prefill_token_s * (prompt - hit)``. Backends at their native page sizes,
-and the no-reuse baseline.
+shared system prompt of ``fraction`` of it, Poisson arrivals at a utilisation of the clock's
+no-cache capacity, prefill and decode (the same arrival sample at every sweep point: common
+random numbers), several seeds, served by the simulated engine (queueing included) under two
+clocks: the GPU roofline of Llama-3-8B on an H100 SXM (``roofline.RooflineClock``, the
+default) and the clock measured on this CPU (``CostModel``: a fixed step overhead plus
+per-token prefill and decode costs). Beside the measured TTFT, ``metrics.isolated_ttft_s``
+gives the no-queue estimate: the missed tokens prefilled alone in one step. Backends at their
+native page sizes, and the no-reuse baseline.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from prefixcache.experiments.figures.common import (
     study_main,
 )
 
-from prefixcache import CostModel
+from prefixcache.cost_model import Clock, clock_from_constants, named_clock
 
 STUDY = "ttft"
 BACKENDS = [("radix", 1), ("hashchain", 16), ("none", 16)]
@@ -41,38 +42,43 @@ SCALE = {
                  groups=8, per_group=64, seeds=10),
 }
 CAPACITY_TOKENS = 1 << 17
+TOKEN_BUDGET = 2048  # the cells' (cell_config's default)
+CLOCKS = ("h100-llama3-8b", "cpu")  # cost_model.named_clock names; the first is the paper's main one
 
 
-def no_cache_capacity_rps(cost: CostModel | None = None) -> float:
-    """Requests per second the cost model can serve with no cache at all: each request's prompt
-    prefilled and its answer decoded (step overheads amortised by batching): utilisation 1.0.
-    Decode counts: under the measured CPU clock a decoded token costs several prefilled ones, so
-    a prefill-only capacity would put the top sweep point past saturation."""
-    cost = cost or CostModel.measured()
-    return 1.0 / (cost.prefill_token_s * PROMPT_LEN + cost.decode_token_s * OUTPUT_LEN)
+def no_cache_capacity_rps(cost: Clock) -> float:
+    """Requests per second ``cost``'s engine can serve with no cache at all: each request's
+    prompt prefilled and its answer decoded, in steps kept full by other requests
+    (``saturated_request_s``): utilisation 1.0. Decode counts: under the measured CPU clock a
+    decoded token costs several prefilled ones, so a prefill-only capacity would put the top
+    sweep point past saturation."""
+    return 1.0 / cost.saturated_request_s(PROMPT_LEN, OUTPUT_LEN, TOKEN_BUDGET)
 
 
 def configs(scale: str) -> list[dict[str, Any]]:
-    """Every (shared fraction, utilisation, seed, backend) cell. With one seed, every cell sees
-    the same arrival sample scaled to its rate (workloads draw arrivals from a stream of their
-    own), so sweep points differ only in what they sweep."""
+    """Every (clock, shared fraction, utilisation, seed, backend) cell. With one seed, every
+    cell sees the same arrival sample scaled to its rate (workloads draw arrivals from a stream
+    of their own), so sweep points differ only in what they sweep."""
     s = SCALE[check_scale(scale)]
     out = []
-    for frac in s["fractions"]:
-        shared = round(frac * PROMPT_LEN)
-        for util in s["utilisations"]:
-            params = dict(num_groups=s["groups"], prompts_per_group=s["per_group"], system_prompt_len=shared,
-                          question_len=PROMPT_LEN - shared, output_len=OUTPUT_LEN, shuffle=True,
-                          request_rate=round(util * no_cache_capacity_rps(), 6))
-            if shared == 0:  # no system prompt at all: the workload needs a non-empty one
-                params.update(system_prompt_len=1, question_len=PROMPT_LEN - 1)
-            for seed in range(s["seeds"]):
-                for backend, page in BACKENDS:
-                    c = cell_config(STUDY, source="generated-shared-prefix", backend=backend,
-                                    page_size=page, capacity_tokens=CAPACITY_TOKENS, scheduler="lpm",
-                                    params=params, seed=seed)
-                    c["shared_fraction"], c["utilisation"] = frac, util
-                    out.append(c)
+    for clock_name in CLOCKS:
+        clock = named_clock(clock_name)
+        for frac in s["fractions"]:
+            shared = round(frac * PROMPT_LEN)
+            for util in s["utilisations"]:
+                params = dict(num_groups=s["groups"], prompts_per_group=s["per_group"],
+                              system_prompt_len=shared, question_len=PROMPT_LEN - shared,
+                              output_len=OUTPUT_LEN, shuffle=True,
+                              request_rate=round(util * no_cache_capacity_rps(clock), 6))
+                if shared == 0:  # no system prompt at all: the workload needs a non-empty one
+                    params.update(system_prompt_len=1, question_len=PROMPT_LEN - 1)
+                for seed in range(s["seeds"]):
+                    for backend, page in BACKENDS:
+                        c = cell_config(STUDY, source="generated-shared-prefix", backend=backend,
+                                        page_size=page, capacity_tokens=CAPACITY_TOKENS, scheduler="lpm",
+                                        params=params, seed=seed, token_budget=TOKEN_BUDGET, clock=clock)
+                        c["shared_fraction"], c["utilisation"], c["clock"] = frac, util, clock_name
+                        out.append(c)
     return out
 
 
@@ -82,7 +88,7 @@ def isolated_estimates(configs_: list[dict[str, Any]], out: Path) -> list[float]
     for c in configs_:
         df = read_table(out / STUDY / cell_name(c) / "requests")
         df = df[~df["rejected"]]
-        cost = CostModel(**c["cost_model"])
+        cost = clock_from_constants(c["cost_model"])
         values.append(float(isolated_ttft_s(df["prompt_tokens"], df["hit_tokens"], cost).mean()))
     return values
 
@@ -92,7 +98,8 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
     df = run_cells(cfgs, out, force=force, jobs=jobs)
     df["isolated_ttft_mean_s"] = isolated_estimates(cfgs, out)
     save_study(df, out, STUDY, {"scale": scale, **SCALE[scale], "prompt_len": PROMPT_LEN,
-                                "capacity_tokens": CAPACITY_TOKENS, "cost_model": str(CostModel.measured())})
+                                "capacity_tokens": CAPACITY_TOKENS,
+                                "clocks": {name: str(named_clock(name)) for name in CLOCKS}})
     return out / STUDY
 
 
