@@ -198,9 +198,7 @@ class RooflineClock:
         seconds += self.step_overhead_s * tokens / token_budget
         pair_s, kv_s = m.attention_flops_per_pair / peak, m.kv_bytes_per_token / kv_bw
         seconds += max(pair_s * p * (p + 1) / 2, kv_s * 2 * p)
-        for c in range(p, p + decodes):  # one token after c: c + 1 pairs, c + 2 tokens of KV traffic
-            seconds += max(pair_s * (c + 1), kv_s * (c + 2))
-        return seconds
+        return seconds + _decode_attention_s(pair_s, kv_s, p, decodes)
 
     def isolated_prefill_s(self, prompt_tokens: Any, hit_tokens: Any) -> Any:
         """A prefill of ``prompt - hit`` tokens after ``hit`` cached ones, alone in its step
@@ -214,3 +212,18 @@ class RooflineClock:
         attention = np.maximum(m.attention_flops_per_pair * pairs / peak,
                                m.kv_bytes_per_token * (hit + 2 * n) / (bw * self.kv_read_efficiency))
         return self.step_overhead_s + linear + attention
+
+
+def _decode_attention_s(pair_s: float, kv_s: float, first: int, steps: int) -> float:
+    """Sum over the decode steps after ``first`` .. ``first + steps - 1`` tokens (one token after
+    c: c + 1 query-key pairs, c + 2 tokens of KV traffic) of max(pair_s (c + 1), kv_s (c + 2)),
+    in closed form: the compute roof wins from the crossing context on, if ever."""
+
+    def ramp(lo: int, hi: int, offset: int) -> int:  # sum of c + offset over lo <= c < hi
+        return (hi - lo) * (lo + hi - 1) // 2 + (hi - lo) * offset
+
+    end = first + steps
+    if pair_s <= kv_s:  # memory-bound at every context
+        return kv_s * ramp(first, end, 2)
+    cross = min(max(first, math.ceil((2 * kv_s - pair_s) / (pair_s - kv_s))), end)
+    return kv_s * ramp(first, cross, 2) + pair_s * ramp(cross, end, 1)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import given
 
 from prefixcache import CacheConfig, Engine, Request, make_cache
 from prefixcache.cost_model import CostModel, clock_from_constants, named_clock
-from prefixcache.roofline import H100_SXM, H200_SXM, LLAMA3_8B, RooflineClock
+from prefixcache.roofline import H100_SXM, H200_SXM, LLAMA3_8B, RooflineClock, _decode_attention_s
 
 # Llama-3-8B by hand (meta-llama/Meta-Llama-3-8B config.json): d = 4096, 32 layers, 32 query
 # heads and 8 KV heads of 128, MLP 14336, vocabulary 128256.
@@ -163,3 +165,11 @@ def test_saturated_request_seconds_predict_the_engines_no_cache_makespan(name: s
     engine.run(reqs)
     estimate = clock.saturated_request_s(1024, 16, 2048)
     assert abs(engine.clock / 256 - estimate) < 0.05 * estimate
+
+
+@given(st.floats(1e-9, 3.0), st.floats(1e-9, 3.0), st.integers(0, 5000), st.integers(0, 300))
+def test_the_decode_attention_closed_form_is_the_sum_of_each_steps_roof(
+    pair_s: float, kv_s: float, first: int, steps: int
+) -> None:
+    by_step = sum(max(pair_s * (c + 1), kv_s * (c + 2)) for c in range(first, first + steps))
+    assert _decode_attention_s(pair_s, kv_s, first, steps) == pytest.approx(by_step, rel=1e-9)
