@@ -169,8 +169,10 @@ class LearnedReuse:
     The owner calls ``begin`` at admission (the request's lookup ids and hit), ``classify`` when
     the request's class is known, ``reused`` when a request hits an entry, ``assign`` when an
     entry takes the current class, ``evicted`` when it leaves the cache. Entries carry
-    ``reuse_class`` and ``credited`` besides the common fields. Hashchain only among the
-    backends: radix has no content id for an evicted edge to remember in a ghost.
+    ``reuse_class`` and ``credited`` besides the common fields. Hashchain's ghost holds block
+    hashes; the dense radix cache's holds an evicted edge's (parent node, first page), with the
+    edge's own node id and length as its payload, so a returning prompt walks on through the
+    ghost edge by edge (``take_ghost``).
     """
 
     stale_keys = True  # keys read what was learned when computed; caches do not re-rank
@@ -183,7 +185,7 @@ class LearnedReuse:
             raise ValueError(f"lrp needs capacity >= 1, alpha >= 0, ghost_factor >= 0; got "
                              f"{capacity}, {alpha}, {ghost_factor}")
         self.alpha = alpha
-        self.ghost: OrderedDict[Hashable, tuple[tuple, bool, float]] = OrderedDict()
+        self.ghost: OrderedDict[Hashable, tuple[tuple, bool, float, Any]] = OrderedDict()
         self.ghost_size = ghost_factor * capacity
         self.touches: dict[tuple, float] = {}
         self.reuses: dict[tuple, float] = {}
@@ -194,11 +196,19 @@ class LearnedReuse:
         """A request looked up ``lookup_ids`` and hit the first ``hit``: credit the ghost entries
         it reaches beyond them; returns the fraction it would have hit with them."""
         seen = hit
-        while seen < len(lookup_ids) and lookup_ids[seen] in self.ghost:
-            reuse_class, credited, last = self.ghost.pop(lookup_ids[seen])
-            self._credit(reuse_class, credited, now - last)
+        while seen < len(lookup_ids) and self.take_ghost(lookup_ids[seen], now) is not None:
             seen += 1
         return seen / len(lookup_ids) if lookup_ids else 0.0
+
+    def take_ghost(self, content_id: Hashable, now: float) -> Any:
+        """A lookup reached ``content_id``: if the ghost holds it, forget it, credit its class
+        and return what ``evicted`` stored with it (True when nothing); else None."""
+        found = self.ghost.pop(content_id, None)
+        if found is None:
+            return None
+        reuse_class, credited, last, payload = found
+        self._credit(reuse_class, credited, now - last)
+        return True if payload is None else payload
 
     def classify(self, seen_fraction: float, prompt_tokens: int, output_tokens: int) -> None:
         self.current = (bisect.bisect_right(self.HIT_FRACTION, seen_fraction),
@@ -213,8 +223,8 @@ class LearnedReuse:
         entry.reuse_class, entry.credited = self.current, False
         self.touches[self.current] = self.touches.get(self.current, 1.0) + 1
 
-    def evicted(self, entry: Any, content_id: Hashable) -> None:
-        self.ghost[content_id] = (entry.reuse_class, entry.credited, entry.last_access_time)
+    def evicted(self, entry: Any, content_id: Hashable, payload: Any = None) -> None:
+        self.ghost[content_id] = (entry.reuse_class, entry.credited, entry.last_access_time, payload)
         if len(self.ghost) > self.ghost_size:
             self.ghost.popitem(last=False)
 
@@ -496,11 +506,12 @@ POLICIES: dict[str, type] = {
     "wa": WorkloadAware,
 }
 # Backends that take ``eviction_policy``: both accept every name above and the capacity
-# policies; hashchain also ``lrp``, which learns from the manager's lookups.
+# policies, and ``lrp``, which learns from each request's lookup (the dense radix cache only:
+# SGLang's hybrid and HiCache trees do not feed it).
 BACKENDS_WITH_POLICIES = ("hashchain", "radix")
 CAPACITY_POLICIES: dict[str, type] = {"arc": ARC, "s3fifo": S3FIFO, "lrp": LearnedReuse}
-LOOKUP_POLICIES = ("lrp",)  # need the manager's lookups: hashchain and the block model only
-_EXTRA = {"hashchain": tuple(CAPACITY_POLICIES), "radix": ("arc", "s3fifo")}
+LOOKUP_POLICIES = ("lrp",)  # need each request's lookup: hashchain, dense radix, the block model
+_EXTRA = {"hashchain": tuple(CAPACITY_POLICIES), "radix": tuple(CAPACITY_POLICIES)}
 # A user's own policies (register_policy), by lower-case name; built-in names stay fixed.
 USER_POLICIES: dict[str, type] = {}
 _HOOKS = ("evicted_key", "admit", "forget", "choose")  # optional; called when present
@@ -514,8 +525,8 @@ def make_policy(name: str, capacity: int | None = None, lookups: bool = True) ->
     process that did not register it (a sweep's worker) builds it too."""
     key = name.lower() if isinstance(name, str) else None
     if key in LOOKUP_POLICIES and not lookups:
-        raise ValueError(f"eviction policy {name!r} learns from each request's lookup: "
-                         "hashchain and the block model only")
+        raise ValueError(f"eviction policy {name!r} learns from each request's lookup, which this "
+                         "cache does not feed (hashchain, the dense radix cache and the block model do)")
     if key in CAPACITY_POLICIES:
         if capacity is None or capacity < 1:
             raise ValueError(f"eviction policy {name!r} needs the cache's capacity in entries")

@@ -11,6 +11,21 @@ SUITES = [
 
 # name -> (file, original text, mutated text); the original text occurs exactly once
 MUTANTS: dict[str, tuple[str, str, str]] = {
+    "zoo: radix lrp's ghost walk does not go on from the evicted edge's own node": (
+        "backends/radix/radix_cache.py",
+        "            parent_id, length = found\n",
+        "            _, length = found\n",
+    ),
+    "zoo: radix lrp credits no hit node": (
+        "backends/radix/radix_cache.py",
+        "            self.learner.reused(node, now)\n",
+        "            pass\n",
+    ),
+    "zoo: radix lrp gives a release's class to nodes another request still locks": (
+        "backends/radix/radix_cache.py",
+        "            if node.lock_ref == 1:\n                self.learner.assign(node)",
+        "            if node.lock_ref >= 1:\n                self.learner.assign(node)",
+    ),
     "zoo: a segmented index ignores the policy's choice of segment": (
         "prefixcache/eviction.py",
         "        return live[seg][0]  # type: ignore[no-any-return]",

@@ -75,16 +75,25 @@ def test_each_policy_evicts_in_the_same_order_in_both_designs(backend: str, poli
 
 def test_every_policy_has_an_expected_order_and_both_backends_list_them_all() -> None:
     assert set(EXPECTED) == set(NAMES)
-    assert eviction_policies("radix") == [*POLICIES, "arc", "s3fifo"]
+    assert eviction_policies("radix") == [*POLICIES, "arc", "s3fifo", "lrp"]
     assert eviction_policies("hashchain") == [*POLICIES, "arc", "s3fifo", "lrp"]
     for backend in BACKENDS_WITH_POLICIES:
         for name in eviction_policies(backend):
             make_cache(backend, CacheConfig(64, PAGE), eviction_policy=name.upper())  # any case
 
 
-def test_lrp_in_radix_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="learns from each request's lookup: hashchain and the block"):
-        make_cache("radix", CacheConfig(64, PAGE), eviction_policy="lrp")
+def test_lrp_where_nothing_feeds_it_is_a_clear_error() -> None:
+    """lrp learns from each request's admission and release; SGLang's HiCache tree (and a bare
+    RadixCache whose owner does not feed it) refuses it rather than run it blind."""
+    from prefixcache.backends.radix.radix_cache import RadixCache
+
+    from prefixcache.tiers import HostTierConfig
+
+    with pytest.raises(ValueError, match="learns from each request's lookup, which this cache does not feed"):
+        make_cache("radix", CacheConfig(64, PAGE), eviction_policy="lrp",
+                   host_tier=HostTierConfig(capacity_tokens=64 * PAGE))
+    with pytest.raises(ValueError, match="does not feed"):
+        RadixCache(PAGE, eviction_policy="lrp", capacity=8)
 
 
 def test_a_backend_without_policies_and_an_unknown_policy_are_clear_errors() -> None:
@@ -152,6 +161,62 @@ def test_hashchain_lrp_learns_from_the_ghost_of_evicted_blocks() -> None:
     assert "again" not in cache.cache.manager.seen_fraction
     blocks = [b for b in cache.cache.block_pool.blocks if b.block_hash is not None]
     assert len(blocks) == 3 and all(b.reuse_class == (3, 0, 0) for b in blocks)
+
+
+@pytest.mark.parametrize("page", [1, PAGE])
+def test_radix_lrp_learns_from_the_ghost_of_evicted_edges(page: int) -> None:
+    """The radix form of the test above: the ghost remembers an evicted edge by (parent node,
+    first page) and carries the edge's own node, so a prompt evicted edge by edge (a chain of
+    three turns' prefixes) is walked again through the ghost in full; its reuse is credited
+    to the class its nodes were unlocked under."""
+    cache = checked("radix", 16 * PAGE, page, eviction_policy="lrp")
+    tree = cache.cache.tree
+    learner = tree.learner
+    base = list(range(1000, 1000 + PAGE))
+    turns = [base + list(range(2000, 2000 + k * PAGE)) + [7] for k in (1, 2, 3)]  # nested prefixes
+    for i, prompt in enumerate(turns):
+        run_to_completion(cache, Request(f"turn{i}", prompt))
+    first_class = learner.current
+    assert first_class[0] >= 1  # the later turns hit their earlier turn's prefix
+    assert cache.evict(16 * PAGE) > 0 and tree.evictable_size() == 0
+    assert len(learner.ghost) >= 2  # edge by edge: the path split at each turn's end
+    reuses_before, ghost_before = sum(learner.reuses.values()), len(learner.ghost)
+    again = Request("again", turns[-1])
+    match = cache.lookup(again)
+    assert match.tokens == 0 and cache.allocate(again, again.num_tokens, match)
+    assert cache.cache._live["again"].state.seen == 1.0  # the ghost held all of its aligned prompt
+    # each ghost edge on its path is taken and credited once; the earlier turns' own tails
+    # (the branches it does not take) stay
+    taken = ghost_before - len(learner.ghost)
+    assert taken >= 2 and sum(learner.reuses.values()) == reuses_before + taken
+    again.num_computed_tokens = again.num_tokens
+    cache.commit(again)
+    cache.release(again)
+    assert learner.current == (3, 0, 0)  # classed as a request the cache would have hit in full
+    nodes = tree.iter_nodes()
+    assert nodes and all(n.reuse_class == (3, 0, 0) for n in nodes)
+
+
+def test_radix_lrp_credits_hits_and_classes_only_what_a_release_unlocks() -> None:
+    """A hit credits the class each hit node was unlocked under, once per node; a release
+    gives its class to the nodes it alone still locked, not to those another request holds."""
+    cache = checked("radix", 32 * PAGE, PAGE, eviction_policy="lrp")
+    tree, learner = cache.cache.tree, cache.cache.tree.learner
+    shared = list(range(100, 100 + 2 * PAGE))
+    run_to_completion(cache, Request("a", shared + [1]))
+    a_class = learner.current
+    hit_nodes = [n for n in tree.iter_nodes() if n.reuse_class == a_class]
+    before = learner.reuses.get(a_class, 0.5)
+    b = Request("b", shared + list(range(500, 500 + PAGE)) + [2], max_new_tokens=3)
+    match = cache.lookup(b)
+    assert match.tokens == 2 * PAGE and cache.allocate(b, b.num_tokens - match.tokens, match)
+    assert learner.reuses[a_class] == before + len(hit_nodes)  # one credit per hit node
+    c = Request("c", shared + [3])  # shares b's locked prefix, then releases before b
+    run_to_completion(cache, c)
+    c_class = learner.current
+    assert c_class != a_class  # c hit its whole prompt: another hit-fraction class
+    shared_nodes = [n for n in tree.iter_nodes() if n.lock_ref > 0]  # b still holds them
+    assert shared_nodes and all(n.reuse_class == a_class for n in shared_nodes)
 
 
 def test_gdsf_ages_frequency_where_lfu_never_forgets() -> None:

@@ -388,7 +388,7 @@ POLICY_CASES = [
     for p in ((1, 4) if b == "radix" else (4,))
     for policy in eviction_policies(b)
     if policy != "lru"
-]
+] + [("radix", 16, "lrp")]  # lrp at the radix page size the whole-trace studies run
 
 
 @pytest.mark.parametrize("backend, page_size, policy", POLICY_CASES)

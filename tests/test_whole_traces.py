@@ -69,7 +69,8 @@ def test_hit_rates_csv_has_every_row_kind_with_rates_in_range(tiny_hit_rates: pd
     assert set(model["policy"]) == {"lru", "belady", "infinite", *MODEL_POLICIES}
     assert set(model["convention"]) == {"C1", "C2"}
     assert set(model[model["policy"].isin(MODEL_POLICIES)]["convention"]) == {"C2"}
-    assert set(df[df["backend"] == "radix"]["policy"]) == {"lru", "lfu", "slru", "fifo", "priority", "gdsf"}
+    radix_policies = {"lru", "lfu", "slru", "fifo", "priority", "gdsf", "lrp"}
+    assert set(df[df["backend"] == "radix"]["policy"]) == radix_policies
     assert set(df[df["backend"] == "hashchain"]["policy"]) == {"lru", "lrp", "gdsf"}
     assert set(df[df["backend"] != "block-model"]["convention"]) == {"C2"}
     assert df["token_hit_rate"].between(0, 1).all() and df["block_hit_rate"].between(0, 1).all()

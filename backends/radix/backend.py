@@ -97,6 +97,7 @@ class _Live:
     hits_counted: int  # tokens of its path already counted in hit_count (once per request)
     prefill_end: int  # tokens it had at admission: steps from here on are decode steps
     decoding: bool = False  # the last allocation was a decode step: no checkpoint after it
+    seen: float = 0.0  # lrp: the share of its prompt the cache would have hit with the ghost
 
 
 class RadixPrefixCache(PrefixCache[_Live]):
@@ -145,6 +146,7 @@ class RadixPrefixCache(PrefixCache[_Live]):
             # SGLang: a disabled tree records nothing
             events=RadixEventRecorder(config.page_size) if kv_events and not disable else None,
             capacity=config.num_pages,
+            learns=True,  # this adapter feeds lrp (learn_admission, learn_release)
         )
 
     # ------------------------------------------------------------------ pages <-> slots
@@ -232,7 +234,11 @@ class RadixPrefixCache(PrefixCache[_Live]):
         assert new_pages is not None
         # [0, hit) tree pages (locked) | [hit, total) our own pages
         pages = PageTable(np.concatenate([self._pages_of(m.indices), new_pages]))
-        return _Live(pages, m.tokens, m.last_node, 0, req.num_tokens)
+        live = _Live(pages, m.tokens, m.last_node, 0, req.num_tokens)
+        if self.tree.learner is not None:
+            key = request_key(req)[: req.num_tokens - 1]  # what _match looked up
+            live.seen = self.tree.learn_admission(key, m.tokens, m.last_node)
+        return live
 
     def _extend(self, req: Request, state: _Live, total_tokens: int) -> bool:
         live = state
@@ -383,6 +389,8 @@ class RadixPrefixCache(PrefixCache[_Live]):
         computed = req.num_computed_tokens
         if computed and not self.tree.disable:
             self._checkpoint(req, live)
+        if self.tree.learner is not None:
+            self.tree.learn_release(live.last_node, live.seen, req.num_prompt_tokens, req.num_output_tokens)
         written = -(-computed // p)
         self.pool.free(live.pages[live.protected // p : written])
         self.tree.dec_lock_ref(live.last_node)

@@ -18,6 +18,7 @@ from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode
 
 from prefixcache.eviction import (
     EvictionPolicy,
+    LearnedReuse,
     admit,
     forget,
     keys_stay_fresh,
@@ -47,13 +48,17 @@ class RadixCache:
         clock: Callable[[], float] = time.monotonic,
         events: RadixEventRecorder | None = None,
         capacity: int | None = None,
+        learns: bool = False,
     ) -> None:
         """capacity: the most leaves the tree can hold (the pool's pages), for the policies with
-        a ghost of that size (arc, s3fifo)."""
+        a ghost of that size (arc, s3fifo, lrp). learns: the owner feeds ``lrp`` each request's
+        admission and release (``learn_admission``, ``learn_release``); only then may the
+        policy be lrp."""
         self.page_size = page_size
         self.disable = disable
         self.is_eagle = is_eagle  # keys become bigram views at match / insert (key.py)
-        self.policy: EvictionPolicy = make_policy(eviction_policy, capacity, lookups=False)
+        self.policy: EvictionPolicy = make_policy(eviction_policy, capacity, lookups=learns)
+        self.learner = self.policy if isinstance(self.policy, LearnedReuse) else None
         self.free_slots = free_slots if free_slots is not None else (lambda slots: None)
         self.clock = clock
         # SGLang's ``kv_events`` recorder (None: off); set before the first reset, which it records.
@@ -250,6 +255,7 @@ class RadixCache:
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
         new.ghost_hit, new.policy_state = child.ghost_hit, child.policy_state
+        new.reuse_class, new.credited = child.reuse_class, child.credited
         new.tail_tokens = child.tail_tokens + len(child.key) - split_len
         new.parent = child.parent
         new.key = child.key[:split_len]
@@ -261,6 +267,39 @@ class RadixCache:
         new.parent.children[new.key.child_key(self.page_size)] = new
         self._refresh(child)  # a key that depends on the length (wlfu) just changed
         return new
+
+    # ------------------------------------------------------------------ lrp
+    def learn_admission(self, key: RadixKey, matched: int, last_node: TreeNode) -> float:
+        """lrp, as a request is admitted with the first ``matched`` tokens of ``key`` cached up to
+        ``last_node``: each node of its hit is reused, and the ghost edges its key would take
+        beyond the hit are credited (walking on from each one's own node). Returns the share
+        of ``key`` (page-aligned) it would have hit with them."""
+        assert self.learner is not None, "learn_admission: the policy is not lrp"
+        key = key.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(self.page_size)
+        now = self.clock()
+        node = last_node
+        while node is not self.root_node and node.parent is not None:
+            self.learner.reused(node, now)
+            node = node.parent
+        seen, parent_id = matched, last_node.id
+        while seen < len(key):
+            found = self.learner.take_ghost((parent_id, key[seen:].child_key(self.page_size)), now)
+            if found is None:
+                break
+            parent_id, length = found
+            seen += length
+        return min(seen, len(key)) / len(key) if len(key) else 0.0
+
+    def learn_release(self, node: TreeNode, seen: float, prompt_tokens: int, output_tokens: int) -> None:
+        """lrp, as a request locked at ``node`` is released (before ``dec_lock_ref(node)``): its
+        class is now known, and the nodes it alone still locks take it, as hashchain's blocks
+        take it when their last reference goes."""
+        assert self.learner is not None, "learn_release: the policy is not lrp"
+        self.learner.classify(seen, prompt_tokens, output_tokens)
+        while node is not self.root_node and node.parent is not None:
+            if node.lock_ref == 1:
+                self.learner.assign(node)
+            node = node.parent
 
     # ------------------------------------------------------------------ locks
     def inc_lock_ref(self, node: TreeNode) -> int:
@@ -315,7 +354,10 @@ class RadixCache:
         while evicted < num_tokens and self._leaves:
             key, _, leaf = self._leaves[0]
             note_eviction(self.policy, key)
-            forget(self.policy, leaf, self._content_id(leaf))
+            content_id = self._content_id(leaf)
+            forget(self.policy, leaf, content_id)
+            if self.learner is not None:  # the ghost walks on from the edge's own node
+                self.learner.evicted(leaf, content_id, (leaf.id, len(leaf.key)))
             assert leaf.value is not None
             self.free_slots(leaf.value)
             evicted += len(leaf.value)

@@ -37,6 +37,8 @@ class TreeNode:
         "tail_tokens",
         "ghost_hit",
         "policy_state",
+        "reuse_class",
+        "credited",
     )
 
     counter: ClassVar[int] = 0  # advances on every construction, as SGLang's class counter
@@ -57,6 +59,8 @@ class TreeNode:
         self.tail_tokens = 0
         self.ghost_hit = False
         self.policy_state: tuple | None = None
+        self.reuse_class: tuple = ()  # lrp: the class of the request that last unlocked it
+        self.credited = False  # lrp: a hit since then was counted
         self.id = TreeNode.counter
         TreeNode.counter += 1
 

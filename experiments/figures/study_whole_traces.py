@@ -15,7 +15,7 @@ ones (larger than the cache) counted apart.
   ``reuse-oracle`` (knows whether a block is reused, not when).
 - backend rows (``--scale full`` only: one whole-trace replay takes minutes on 2 cores): both
   complete traces replayed request by request through hashchain (B=16; LRU, lrp, gdsf) and
-  radix (page 1: LRU; page 16: LRU, LFU, SLRU, FIFO, priority, gdsf), convention C2 (what the
+  radix (page 1: LRU; page 16: LRU, LFU, SLRU, FIFO, priority, gdsf, lrp), convention C2 (what the
   backends do). Replay mode emits no output, so lrp's output-length feature is always zero here.
 
 Mooncake's trace hashes 512-token blocks, so it cannot tell the designs apart below 512 tokens.
@@ -55,7 +55,7 @@ BLOCK_POLICIES = {"lru": bounds.lru_hits, "belady": bounds.belady_hits}
 MODEL_POLICIES = [p for p in POLICIES if p != "lru"] + list(eviction_model.MODEL_POLICIES)
 POLICY_CAPACITIES = CAPACITIES[:5]
 BACKENDS = [("hashchain", 16, ["lru", "lrp", "gdsf"]), ("radix", 1, ["lru"]),
-            ("radix", 16, ["lru", "lfu", "slru", "fifo", "priority", "gdsf"])]
+            ("radix", 16, ["lru", "lfu", "slru", "fifo", "priority", "gdsf", "lrp"])]
 SCALE = {
     # tiny: the test suite's, every kind of row on a few requests
     "tiny": dict(limit=100, backends=True, capacities=[1_000_000, 3_000_000, 50_000_000],
