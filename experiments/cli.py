@@ -685,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument(flag, dest=key, type=int, help=f"{what} (default: {DEFAULTS[key]})")
     r.add_argument("--eviction-policy", dest="eviction_policy",
                    help="lru (default), lfu, fifo, mru, filo, priority, slru, wlfu, gdsf, tlru, wa, arc, "
-                   "s3fifo, lrp (hashchain), or a class of your own as package.module:Class")
+                   "s3fifo, lrp (hashchain and dense radix), or a class of your own as package.module:Class")
     r.add_argument("--layout", help="the model's layers: a preset (e.g. gemma3-like) or a JSON list such "
                    'as [["sliding_window", 1024], ["full"]] (default: one full-attention layer)')
     r.add_argument("--arrival-scale", dest="arrival_scale", type=float,
