@@ -106,6 +106,7 @@ class Engine:
         self.step_count = 0
         self.num_finished = 0
         self.peak_pages_in_use = 0
+        self.peak_waiting = 0  # the longest waiting queue a scheduler pass saw (lpm's fallback reads it)
         self.prefill_tokens = 0
         self.decode_tokens = 0
         self.stretched_steps = 0  # steps taken inside decode stretches (see _decode_stretch)
@@ -293,6 +294,7 @@ class Engine:
         return self.token_budget - budget
 
     def _admit_waiting(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        self.peak_waiting = max(self.peak_waiting, len(self.waiting))
         plan = self.scheduler.schedule(list(self.waiting), self._lookup)
         admitted: set[str] = set()
         for req in plan.order:

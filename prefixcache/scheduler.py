@@ -9,6 +9,7 @@ looking the same request up again for the same decision (SGLang's ``prefix_compu
 - ``fcfs``: arrival order, preempted requests first (vLLM's default).
 - ``lpm``: longest cached prefix first, with SGLang's in-batch prefix dedup; FCFS when more
   than 128 requests wait (SGLang turns the sort off there because matching is expensive).
+  ``lpm-no-fallback`` sorts at any queue length (not an SGLang mode: a counterfactual).
 - ``dfs-weight``: SGLang's: each waiting request hangs at the tree node where its cached
   prefix ends; a depth-first walk from the root, heavier subtrees first, emits a node's own
   requests after its subtree, so requests with no hit (at the root) come last, in queue
@@ -21,6 +22,7 @@ looking the same request up again for the same decision (SGLang's ``prefix_compu
 from __future__ import annotations
 
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, NamedTuple
@@ -112,6 +114,16 @@ class LongestPrefixMatch(Scheduler):
         return Schedule(order, frozenset(deprioritized), matches)
 
 
+class LongestPrefixMatchNoFallback(LongestPrefixMatch):
+    """``lpm`` that sorts however many wait (SGLang always falls back above 128): the
+    engine-trace study's counterfactual. It matches every waiting request at every pass."""
+
+    name = "lpm-no-fallback"
+
+    def __init__(self) -> None:
+        super().__init__(fallback_queue_len=sys.maxsize)
+
+
 class DFSWeight(Scheduler):
     name = "dfs-weight"
 
@@ -146,7 +158,9 @@ def cached_prefix_dfs_order(reqs: Sequence[Request], hits: Sequence[int]) -> lis
     return [reqs[i] for i in out] + [r for r, h in zip(reqs, hits, strict=True) if not h]
 
 
-SCHEDULERS: dict[str, type[Scheduler]] = {s.name: s for s in (FCFS, LongestPrefixMatch, DFSWeight)}
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    s.name: s for s in (FCFS, LongestPrefixMatch, LongestPrefixMatchNoFallback, DFSWeight)
+}
 
 
 def available_schedulers() -> list[str]:

@@ -36,7 +36,7 @@ from prefixcache.cost_model import Clock, clock_from_constants
 SCALES = ("tiny", "default", "full")
 REPLAY_MODES = ("replay", "chunked-replay")  # cells without an engine (and so without a clock)
 # Bump when run_cell's summary gains or changes a column: stored cells of another version rerun.
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Traces are read in place from the shared data folder (see experiments/inputs/traces.py).
 MOONCAKE_TRACES = {
@@ -118,15 +118,16 @@ def cell_config(study: str, *, source: str, backend: str, page_size: int, capaci
 
 
 def trace_arrival_scale(
-    source: str, limit: int | None, cost: CostModel, load: float, engines: int = 1
+    source: str, limit: int | None, cost: Clock, load: float, engines: int = 1, token_budget: int = 2048
 ) -> float:
     """The factor on a Mooncake trace's timestamps (counted from its first) that makes the
     prefill and decode work of its first ``limit`` requests ``load`` of what ``engines``
-    engines serve with no cache (the routing and tier studies' one rescale of a trace)."""
+    engines serve with no cache, each request's work its ``saturated_request_s`` (the routing,
+    tier and engine-trace studies' one rescale of a trace)."""
     from prefixcache.experiments.inputs.traces import read_mooncake
 
     records = read_mooncake(MOONCAKE_TRACES[source])[:limit]
-    work = sum(cost.prefill_token_s * r.input_length + cost.decode_token_s * r.output_length for r in records)
+    work = sum(cost.saturated_request_s(r.input_length, r.output_length, token_budget) for r in records)
     span = records[-1].timestamp - records[0].timestamp
     return work / (load * engines) / span if span > 0 else 1.0
 
@@ -324,7 +325,7 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
             throughput_tok_s=float((done["prompt_tokens"].sum() + done["output_tokens"].sum())
                                    / max(engine.clock, 1e-9)),
             prefill_tokens=engine.prefill_tokens, preemptions=int(df["preemptions"].sum()),
-            peak_pages_in_use=engine.peak_pages_in_use,
+            peak_pages_in_use=engine.peak_pages_in_use, peak_waiting=engine.peak_waiting,
         )
         if cache.host_tier is not None:  # only tiered cells: the others keep their columns
             st = cache.stats

@@ -25,6 +25,7 @@ from pathlib import Path
 from prefixcache.experiments.figures import (
     fig_capacity,
     fig_divergence,
+    fig_engine_traces,
     fig_eviction,
     fig_granularity,
     fig_hybrid,
@@ -40,6 +41,7 @@ from prefixcache.experiments.figures import (
     plotting,
     study_capacity,
     study_divergence,
+    study_engine_traces,
     study_eviction,
     study_granularity,
     study_hybrid,
@@ -57,10 +59,11 @@ from prefixcache.experiments.figures import (
 from prefixcache.experiments.figures.common import SCALES
 
 STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduling, study_eviction,
-           study_ttft, study_side_channel, study_divergence, study_hybrid, study_routing, study_tiers]
+           study_ttft, study_side_channel, study_divergence, study_hybrid, study_routing, study_tiers,
+           study_engine_traces]
 FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
            fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces, tab_cost_model,
-           fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_tiers]
+           fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_tiers, fig_engine_traces]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 
