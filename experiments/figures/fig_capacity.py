@@ -19,9 +19,11 @@ STYLE = {
     "radix-lru": dict(color="#d62728", marker="x", ls="-"),
     "radix-lfu": dict(color="#ff7f0e", marker="^", ls="-"),
     "radix-slru": dict(color="#9467bd", marker="v", ls="-"),
-    "belady": dict(color="#2ca02c", marker=None, ls="--"),
-    "lru-model": dict(color="0.4", marker=None, ls=":"),
-    "infinite": dict(color="black", marker=None, ls="-."),
+    # The model lines are drawn on top, with marks of their own, so that one which coincides
+    # with a cache's line (lru-model with hashchain-lru; Belady with LRU on a short prefix) shows.
+    "belady": dict(color="#2ca02c", marker="d", ls="--", zorder=5, mfc="none"),
+    "lru-model": dict(color="0.2", marker="+", ls=":", zorder=6),
+    "infinite": dict(color="black", marker=None, ls="-.", zorder=4),
 }
 
 

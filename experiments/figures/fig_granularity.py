@@ -37,6 +37,19 @@ def losses(results: Path, summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def label_lines(ax: plt.Axes, ends: list[tuple[str, float, float]]) -> None:
+    """Each workload's name right of its line's last point (text, x, y), spread apart vertically
+    where lines end close together, with a thin leader to the point."""
+    low, high = ax.get_ylim()
+    gap = 0.045 * (high - low)
+    placed: list[float] = []
+    for text, x, y in sorted(ends, key=lambda e: e[2]):
+        at = max(y, placed[-1] + gap) if placed else y
+        placed.append(at)
+        ax.annotate(text, (x, y), xytext=(x * 1.25, at), fontsize=4.5, va="center", color="0.25",
+                    arrowprops=dict(arrowstyle="-", lw=0.3, color="0.6"), annotation_clip=False)
+
+
 def make(results: Path, paper: Path) -> list[Path]:
     df = load(results, STUDY)
     if int(df["evicted_tokens"].max()) != 0:
@@ -44,21 +57,30 @@ def make(results: Path, paper: Path) -> list[Path]:
     loss = losses(results, df)
     fig, axes = plt.subplots(1, 2, figsize=(7.2, 2.8))
     mean_hr = df.groupby(["source", "backend", "page_size"], as_index=False)["hit_rate"].mean()
-    for (_source, backend), g in mean_hr.groupby(["source", "backend"]):
+    ends: list[tuple[str, float, float]] = []
+    for (source, backend), g in mean_hr.groupby(["source", "backend"]):
         axes[0].plot(g["page_size"], g["hit_rate"], marker="o" if backend == "hashchain" else None,
                      ls="-" if backend == "hashchain" else "--", color=PALETTE[backend], alpha=0.6, lw=1)
+        if backend == "hashchain":  # name each workload's line at its largest page
+            last = g.sort_values("page_size").iloc[-1]
+            ends.append((str(source), float(last["page_size"]), float(last["hit_rate"])))
+    label_lines(axes[0], ends)
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("block / page size B (tokens)")
     axes[0].set_ylabel("token hit rate")
     axes[0].set_title("hit rate (o-: hashchain, --: radix)")
     per = loss.groupby(["source", "page_size"], as_index=False)["loss"].mean()
-    for _, g in per.groupby("source"):
+    ends = []
+    for source, g in per.groupby("source"):
         axes[1].plot(g["page_size"], g["loss"], color="0.6", lw=0.8)
+        last = g.sort_values("page_size").iloc[-1]
+        ends.append((str(source), float(last["page_size"]), float(last["loss"])))
     mean_loss = loss.groupby("page_size")["loss"].mean()
     axes[1].plot(mean_loss.index, mean_loss.values, "o-", color="black", label="measured (mean of workloads)")
     pages = sorted(mean_loss.index)
     axes[1].plot(pages, [(b - 1) / 2 for b in pages], ":", color=PALETTE["bound"], label="(B-1)/2")
+    label_lines(axes[1], ends)
     axes[1].set_ylabel("tokens lost per hitting request")
     axes[1].set_title("loss at the divergence")
     axes[1].legend(fontsize=7)

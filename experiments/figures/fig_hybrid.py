@@ -103,6 +103,7 @@ def make(results: Path, paper: Path) -> list[Path]:
                              color=LABEL_COLOR[str(label)], label=str(label))
         axes[2].set_xscale("log", base=2)
         axes[2].set_xlabel("Mamba state size S (layer-tokens)", fontsize=7)
+        axes[2].set_ylabel("token hit rate")
         axes[2].set_title("Mamba block floor", fontsize=8)
         axes[2].legend(fontsize=6)
     fig.tight_layout()

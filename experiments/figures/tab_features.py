@@ -20,7 +20,8 @@ FEATURES: list[tuple[str, str, str]] = [
     ("Eviction order", "reverse per request; unhashed first", "LRU, LFU, FIFO, MRU, FILO, priority, SLRU"),
     ("Namespaces", "extra keys in the hash (LoRA, mm, salt)", "extra key splits the root"),
     ("Reserved page 0", "null block", "padding slot"),
-    ("Hybrid / sliding window", "coordinator fixed point", "separate cache classes (not studied)"),
+    ("Hybrid / sliding window", "coordinator fixed point (Sec.~\\ref{sec:hybrid})",
+     "SWA and Mamba tree classes (Sec.~\\ref{sec:hybrid})"),
 ]
 
 
