@@ -63,15 +63,21 @@ def test_the_queue_by_hand() -> None:
     assert all(w == (1 if 1 <= t < 2 else 2 if 2 <= t < 3 else 0) for t, w in at.items())
 
 
-def test_conversations_group_requests_by_their_first_block() -> None:
-    group = conversations("mooncake-synthetic", 150)
+@pytest.mark.parametrize(("source", "depth"), [("mooncake-synthetic", 1), ("mooncake-conversation", 2)])
+def test_conversations_group_requests_below_the_blocks_all_share(source: str, depth: int) -> None:
+    """The synthetic trace's prompts share no common first block: a conversation is a first
+    block. Every conversation-trace prompt opens with one common block: a conversation is the
+    first two."""
     from prefixcache.experiments.figures.common import MOONCAKE_TRACES
     from prefixcache.experiments.inputs.traces import read_mooncake
 
-    records = read_mooncake(MOONCAKE_TRACES["mooncake-synthetic"])[:150]
+    group = conversations(source, 150)
+    records = read_mooncake(MOONCAKE_TRACES[source])[:150]
+    assert 1 < len(set(group.tolist())) < 150
     for i in range(150):
         for j in range(i):
-            assert (group[i] == group[j]) == (records[i].hash_ids[0] == records[j].hash_ids[0])
+            same = records[i].hash_ids[:depth] == records[j].hash_ids[:depth]
+            assert (group[i] == group[j]) == same
 
 
 def _serve(scheduler: str, arrival_scale: float) -> tuple[Engine, list[object]]:

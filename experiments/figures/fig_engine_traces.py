@@ -60,6 +60,12 @@ def check_default_matches_full(results: Path) -> None:
                              "(rerun `make engine-traces-full` and commit it)")
 
 
+def interval(point: pd.Series, lo: pd.Series, hi: pd.Series) -> list[np.ndarray]:
+    """Error-bar lengths of a bootstrap interval around its point; a percentile interval may
+    not contain the point (then its near side is drawn as zero)."""
+    return [np.maximum(point - lo, 0).to_numpy(), np.maximum(hi - point, 0).to_numpy()]
+
+
 def draw(df: pd.DataFrame, queue: pd.DataFrame, paper: Path) -> Path:
     traces = [t for t in TRACE_WORD if t in set(df["trace"])]
     fig, axes = plt.subplots(3, len(traces), figsize=(7.0, 7.2), squeeze=False)
@@ -75,11 +81,12 @@ def draw(df: pd.DataFrame, queue: pd.DataFrame, paper: Path) -> Path:
                 g = g.sort_values("capacity_tokens")
                 if g.empty:
                     continue
-                err = [(g["token_hit_rate"] - g["token_hit_rate_lo"]) * 100,
-                       (g["token_hit_rate_hi"] - g["token_hit_rate"]) * 100]
+                err = interval(g["token_hit_rate"] * 100, g["token_hit_rate_lo"] * 100,
+                               g["token_hit_rate_hi"] * 100)
                 ax.errorbar(g["capacity_tokens"] / 1e6, g["token_hit_rate"] * 100, yerr=err, color=colour,
                             ls=ls, marker=marker, ms=3, lw=1, capsize=2, label=f"{label} {sched}")
         ax.set_xscale("log")
+        ax.set_xticks([c / 1e6 for c in caps], labels=[f"{c / 1e6:g}" for c in caps])
         ax.set_xlabel("device pool (M tokens)")
         ax.set_ylabel("token hit rate (%)")
         ax.set_title(f"{trace}: load 80%", fontsize=8)
@@ -92,7 +99,7 @@ def draw(df: pd.DataFrame, queue: pd.DataFrame, paper: Path) -> Path:
                 continue
             for q, ls in (("p50", ":"), ("p90", "-"), ("p99", "--")):
                 col = f"ttft_{q}_s"
-                err = [g[col] - g[f"ttft_{q}_lo"], g[f"ttft_{q}_hi"] - g[col]]
+                err = interval(g[col], g[f"ttft_{q}_lo"], g[f"ttft_{q}_hi"])
                 ax.errorbar(g["load"] * 100, g[col], yerr=err, color=colour, ls=ls, marker="o", ms=2.5,
                             lw=1, capsize=2, label=f"{label} {q}")
         ax.set_yscale("log")
@@ -111,6 +118,7 @@ def draw(df: pd.DataFrame, queue: pd.DataFrame, paper: Path) -> Path:
         ax.text(0.0, LPM_FALLBACK_QUEUE_LEN, f" LPM falls back above {LPM_FALLBACK_QUEUE_LEN}", fontsize=5,
                 va="bottom", color="0.3")
         ax.set_yscale("symlog", linthresh=10)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("simulated time (min)")
         ax.set_ylabel("waiting requests")
         ax.set_title(f"{trace}: radix p16, {mid_cap / 1e6:g}M tokens, FCFS", fontsize=8)
@@ -143,6 +151,12 @@ def values(df: pd.DataFrame, full: bool, meta_wall: str) -> dict[str, str]:
     fcfs = df[df["scheduler"] == "fcfs"].set_index([k for k in KEY if k != "scheduler"])
     gain = (lpm["token_hit_rate"] - fcfs["token_hit_rate"]).dropna() * 100
     out["etLpmGainMinPts"], out["etLpmGainMaxPts"] = fmt(float(gain.min()), 2), fmt(float(gain.max()), 2)
+    # the largest hit-rate gap between two designs in any cell (same trace, pool, scheduler, load)
+    by_design = df[df["scheduler"] != "lpm-no-fallback"].pivot_table(
+        index=["trace", "capacity_tokens", "scheduler", "load"], columns=["backend", "page_size"],
+        values="token_hit_rate")
+    spread = (by_design.max(axis=1) - by_design.min(axis=1)) * 100
+    out["etMaxDesignGapPts"] = fmt(float(spread.max()), 2)
     for trace, word in TRACE_WORD.items():
         if trace not in set(df["trace"]):
             continue
@@ -163,6 +177,17 @@ def values(df: pd.DataFrame, full: bool, meta_wall: str) -> dict[str, str]:
             out[f"et{word}{cword}TtftNinetyCI"] = f"{r['ttft_p90_lo']:.2f}--{r['ttft_p90_hi']:.2f}"
         gap = (rates[("radix", 16)] - rates[("hashchain", 16)]) * 100
         out[f"et{word}RadixMinusHashPts"] = fmt(gap, 2)
+        over = rows[rows["load"] == OVERLOAD]
+        if len(over):  # past capacity, radix p16: what LPM does to the queue and TTFT
+            f = cell(over, capacity_tokens=mid, backend="radix", page_size=16, scheduler="fcfs")
+            lp = cell(over, capacity_tokens=mid, backend="radix", page_size=16, scheduler="lpm")
+            out |= {f"et{word}OverFcfsPFifty": fmt(f["ttft_p50_s"]),
+                    f"et{word}OverLpmPFifty": fmt(lp["ttft_p50_s"]),
+                    f"et{word}OverFcfsPNinety": fmt(f["ttft_p90_s"]),
+                    f"et{word}OverLpmPNinety": fmt(lp["ttft_p90_s"]),
+                    f"et{word}OverFcfsPeak": str(int(f["peak_waiting"])),
+                    f"et{word}OverLpmPeak": str(int(lp["peak_waiting"])),
+                    f"et{word}OverLpmGainPts": fmt((lp["token_hit_rate"] - f["token_hit_rate"]) * 100)}
     return out
 
 

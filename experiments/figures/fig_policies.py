@@ -162,6 +162,10 @@ def make(results: Path, paper: Path) -> list[Path]:
         "polOracleConvOneM": percent(oracle.loc[("conversation", 1_000_000)]),
     }
     values.update(cost_values(results / "bench" / "eviction.csv"))
+    for label, word in (("lrp, hashchain", "Hash"), ("lrp, radix p16", "Radix")):
+        closed = backends.get(label, pd.Series(dtype=float)).dropna()
+        values[f"polBackend{word}LrpMin"] = percent(closed.min()) if len(closed) else "--"
+        values[f"polBackend{word}LrpMax"] = percent(closed.max()) if len(closed) else "--"
     out.append(write_macros(paper, "policies_values", values))
     return out
 

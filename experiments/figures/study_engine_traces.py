@@ -16,8 +16,9 @@ the cost SGLang's fallback exists to avoid, and whole traces of it are out of re
 
 Statistics: nothing in a cell is random (the trace fixes prompts and arrivals), so there are
 no seeds; 95% confidence intervals come from a bootstrap over conversations: requests whose
-first 512-token block id is the same (one root of the trace's hash chains; in the synthetic
-trace a shared system prompt) are resampled together, ``BOOTSTRAP`` times.
+512-token block-id chains agree up to one block past what every request shares (one root of
+the trace's hash chains below the common system prompt) are resampled together,
+``BOOTSTRAP`` times.
 
 ``--scale full`` (``make engine-traces-full``, about an hour on 2 cores) writes the committed
 ``results/engine_traces_full/``; the default scale (in ``make reproduce``) runs a few of its
@@ -91,10 +92,18 @@ def configs(scale: str) -> list[dict[str, Any]]:
 
 
 def conversations(source: str, limit: int | None) -> np.ndarray:
-    """Each request's conversation (an index): requests with the same first block id."""
+    """Each request's conversation (an index): requests whose block-id chains agree up to one
+    block past the blocks every request of the trace shares (the conversation trace opens every
+    prompt with one common block; the synthetic trace shares none)."""
     records = read_mooncake(MOONCAKE_TRACES[source])[:limit]
-    roots = [r.hash_ids[0] if r.hash_ids else -1 - i for i, r in enumerate(records)]
-    return np.unique(np.asarray(roots, dtype=np.int64), return_inverse=True)[1]
+    chains = [r.hash_ids for r in records]
+    common = 0
+    while all(len(c) > common and c[common] == chains[0][common] for c in chains):
+        common += 1
+    roots = {tuple(c[: common + 1]) if len(c) > common else ("own", i) for i, c in enumerate(chains)}
+    index = {root: k for k, root in enumerate(sorted(roots, key=str))}
+    keys = [tuple(c[: common + 1]) if len(c) > common else ("own", i) for i, c in enumerate(chains)]
+    return np.asarray([index[k] for k in keys], dtype=np.int64)
 
 
 def bootstrap_by_conversation(df: pd.DataFrame, group: np.ndarray, seed: int = 0) -> dict[str, float]:
@@ -116,10 +125,14 @@ def bootstrap_by_conversation(df: pd.DataFrame, group: np.ndarray, seed: int = 0
     weights = np.cumsum(counts[:, sorted_group], axis=1)  # each resample's weight up to each request
     out = {"token_hit_rate": float(hit.sum() / prompt.sum())}
     out["token_hit_rate_lo"], out["token_hit_rate_hi"] = (float(v) for v in np.percentile(rates, [2.5, 97.5]))
+    last = len(sorted_ttft) - 1
     for q in (50, 90, 99):
+        # one quantile rule for the point and the resamples: the first request whose
+        # cumulative weight reaches q% (the point: every request weighs 1)
         at = np.array([np.searchsorted(w, w[-1] * q / 100) for w in weights])
-        values = sorted_ttft[np.minimum(at, len(sorted_ttft) - 1)]
-        out[f"ttft_p{q}_s"] = float(np.percentile(ttft, q))
+        values = sorted_ttft[np.minimum(at, last)]
+        point = sorted_ttft[min(int(np.searchsorted(np.arange(1, last + 2), (last + 1) * q / 100)), last)]
+        out[f"ttft_p{q}_s"] = float(point)
         out[f"ttft_p{q}_lo"], out[f"ttft_p{q}_hi"] = (float(v) for v in np.percentile(values, [2.5, 97.5]))
     return out
 
