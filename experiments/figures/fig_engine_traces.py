@@ -28,6 +28,7 @@ from prefixcache.experiments.figures.study_engine_traces import (
     FULL,
     OVERLOAD,
     STUDY,
+    configs,
     load_summary,
 )
 
@@ -143,7 +144,8 @@ def values(df: pd.DataFrame, full: bool, meta_wall: str) -> dict[str, str]:
     ran = int((df["scheduler"] != "lpm-no-fallback").sum())  # the derived rows ran no cell
     out = {"etScale": "full" if full else "default", "etCells": str(ran),
            "etMidCapM": fmt(mid / 1e6, 0), "etClock": named_clock(CLOCK).source.split(": ", 1)[1],
-           "etOverloadPct": fmt(OVERLOAD * 100, 0), "etWallMin": meta_wall}
+           "etOverloadPct": fmt(OVERLOAD * 100, 0), "etWallMin": meta_wall,
+           "etFallbackQueue": str(LPM_FALLBACK_QUEUE_LEN), "etDefaultCells": str(len(configs("default")))}
     normal = df[df["load"] <= 1.0]
     out["etPeakWaitingNormal"] = str(int(normal["peak_waiting"].max()))
     out["etPeakWaitingOverload"] = str(int(df[df["load"] == OVERLOAD]["peak_waiting"].max()))
