@@ -176,10 +176,14 @@ class RooflineClock:
         tokens = prefill_tokens + decode_tokens
         if tokens == 0:
             return self.step_overhead_s
-        w = self.work(tokens, sequences, attention_pairs, context_tokens)
+        return float(self._seconds(self.work(tokens, sequences, attention_pairs, context_tokens), max))
+
+    def _seconds(self, w: StepWork, larger: Any) -> Any:
+        """The roofline of ``w``: overhead + the larger of each part's compute and memory time
+        (``larger``: ``max`` for one step, ``np.maximum`` for arrays of steps)."""
         peak, bw = self.gpu.peak_flops, self.gpu.hbm_bytes_per_s
-        linear = max(w.linear_flops / peak, w.weight_bytes / bw)
-        attention = max(w.attention_flops / peak, w.kv_bytes / (bw * self.kv_read_efficiency))
+        linear = larger(w.linear_flops / peak, w.weight_bytes / bw)
+        attention = larger(w.attention_flops / peak, w.kv_bytes / (bw * self.kv_read_efficiency))
         return self.step_overhead_s + linear + attention
 
     def saturated_request_s(self, prompt_tokens: int, output_tokens: int, token_budget: int) -> float:
@@ -205,13 +209,8 @@ class RooflineClock:
         (array-wise): what its TTFT would be with nothing else running."""
         prompt, hit = np.asarray(prompt_tokens, dtype=np.float64), np.asarray(hit_tokens, dtype=np.float64)
         n = prompt - hit
-        m, peak, bw = self.model, self.gpu.peak_flops, self.gpu.hbm_bytes_per_s
-        linear = np.maximum((2.0 * m.linear_params * n + 2.0 * m.lm_head_params) / peak,
-                            (m.linear_params + m.lm_head_params) * m.bytes_per_param / bw)
-        pairs = n * hit + n * (n + 1) / 2
-        attention = np.maximum(m.attention_flops_per_pair * pairs / peak,
-                               m.kv_bytes_per_token * (hit + 2 * n) / (bw * self.kv_read_efficiency))
-        return self.step_overhead_s + linear + attention
+        work = self.work(n, 1, n * hit + n * (n + 1) / 2, hit)  # type: ignore[arg-type]  # arrays
+        return self._seconds(work, np.maximum)
 
 
 def _decode_attention_s(pair_s: float, kv_s: float, first: int, steps: int) -> float:

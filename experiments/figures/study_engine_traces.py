@@ -100,9 +100,8 @@ def conversations(source: str, limit: int | None) -> np.ndarray:
     common = 0
     while all(len(c) > common and c[common] == chains[0][common] for c in chains):
         common += 1
-    roots = {tuple(c[: common + 1]) if len(c) > common else ("own", i) for i, c in enumerate(chains)}
-    index = {root: k for k, root in enumerate(sorted(roots, key=str))}
     keys = [tuple(c[: common + 1]) if len(c) > common else ("own", i) for i, c in enumerate(chains)]
+    index = {root: k for k, root in enumerate(sorted(set(keys), key=str))}
     return np.asarray([index[k] for k in keys], dtype=np.int64)
 
 
@@ -142,10 +141,14 @@ def queue_over_time(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, float]:
     and the time average (a request preempted and readmitted counts from its first admission)."""
     arrive = np.sort(df["arrival_time"].to_numpy())
     admit = np.sort(df["admission_time"].to_numpy())
+
+    def waiting_at(t: np.ndarray) -> np.ndarray:
+        return np.searchsorted(arrive, t, side="right") - np.searchsorted(admit, t, side="right")
+
     times = np.linspace(arrive[0], admit[-1], QUEUE_POINTS)
-    waiting = np.searchsorted(arrive, times, side="right") - np.searchsorted(admit, times, side="right")
+    waiting = waiting_at(times)
     events = np.union1d(arrive, admit)
-    level = np.searchsorted(arrive, events, side="right") - np.searchsorted(admit, events, side="right")
+    level = waiting_at(events)
     span = events[-1] - events[0]
     mean = float((level[:-1] * np.diff(events)).sum() / span) if span > 0 else 0.0
     return times - arrive[0], waiting, mean
