@@ -511,7 +511,10 @@ POLICIES: dict[str, type] = {
 BACKENDS_WITH_POLICIES = ("hashchain", "radix")
 CAPACITY_POLICIES: dict[str, type] = {"arc": ARC, "s3fifo": S3FIFO, "lrp": LearnedReuse}
 LOOKUP_POLICIES = ("lrp",)  # need each request's lookup: hashchain, dense radix, the block model
-_EXTRA = {"hashchain": tuple(CAPACITY_POLICIES), "radix": tuple(CAPACITY_POLICIES)}
+# hashchain's "lru" is vLLM's free queue; "leaf-lru" ranks its free cached leaf blocks by LRU,
+# SGLang's order over blocks (radix's own "lru" already is): an ablation of eviction order.
+LEAF_LRU = "leaf-lru"
+_EXTRA = {"hashchain": (*CAPACITY_POLICIES, LEAF_LRU), "radix": tuple(CAPACITY_POLICIES)}
 # A user's own policies (register_policy), by lower-case name; built-in names stay fixed.
 USER_POLICIES: dict[str, type] = {}
 _HOOKS = ("evicted_key", "admit", "forget", "choose")  # optional; called when present

@@ -161,6 +161,7 @@ MUTANT_MODULES = [
     "tests.mutants_eviction_zoo",
     "tests.mutants_batch",
     "tests.mutants_roofline",
+    "tests.mutants_decomposition",
     "tests.mutants_fidelity_vllm",
     "tests.mutants_fidelity_sglang",
 ]

@@ -76,7 +76,8 @@ def test_each_policy_evicts_in_the_same_order_in_both_designs(backend: str, poli
 def test_every_policy_has_an_expected_order_and_both_backends_list_them_all() -> None:
     assert set(EXPECTED) == set(NAMES)
     assert eviction_policies("radix") == [*POLICIES, "arc", "s3fifo", "lrp"]
-    assert eviction_policies("hashchain") == [*POLICIES, "arc", "s3fifo", "lrp"]
+    # and hashchain's ranked LRU, whose "lru" is vLLM's free queue (the decomposition's switch)
+    assert eviction_policies("hashchain") == [*POLICIES, "arc", "s3fifo", "lrp", "leaf-lru"]
     for backend in BACKENDS_WITH_POLICIES:
         for name in eviction_policies(backend):
             make_cache(backend, CacheConfig(64, PAGE), eviction_policy=name.upper())  # any case

@@ -100,6 +100,14 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                     None (default): no tier, the backend exactly as without one.
     host_ack_delay: steps a transfer takes beyond vLLM's fastest worker (0: a load is
                     acknowledged in its step, a store in the step after it is built).
+    publish:        "allocation" (vLLM: a full block is cached when allocated, before its KV
+                    exists) or "commit" (ours, SGLang's publication time: blocks are cached at
+                    a prefill chunk's commit and, output included, at release; a decode step's
+                    commit publishes nothing). An ablation switch of the decomposition study.
+    dedupe:         False (vLLM keeps a duplicate block when a recomputed block's content is
+                    cached already) or True (ours, SGLang's insert: the request takes the cached
+                    block and its duplicate goes back to the pool at once). Ablation switch.
+                    Both switches: a dense model, no host tier, no KV events, no EAGLE.
     known_prompt_hashes: None (default: every block hashed as vLLM does) or a source of
                     prompt block hashes computed before (``hashing.KnownPromptHashes``, e.g.
                     a trace's store, experiments/inputs/trace_hashes.py): the same hashes,
@@ -128,8 +136,15 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         host_tier: HostTierConfig | None = None,
         host_ack_delay: int = 0,
         known_prompt_hashes: KnownPromptHashes | None = None,
+        publish: str = "allocation",
+        dedupe: bool = False,
     ) -> None:
         super().__init__(config)
+        beside = config.is_hybrid or attention_groups is not None or host_tier is not None
+        if (publish != "allocation" or dedupe is not False) and (beside or kv_events or use_eagle):
+            # Not modelled: SGLang's publication and insert beside vLLM's groups, tier and events.
+            raise ValueError("publish='commit' and dedupe=True are for a dense model without a "
+                             "host_tier, kv_events or use_eagle")
         if not isinstance(unhashed_first, bool):
             raise ValueError(f"unhashed_first must be a bool, got {unhashed_first!r}")
         self.hash_fn_name = hash_fn
@@ -201,7 +216,12 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             hash_block_size=self.hash_block_size,
             use_eagle=use_eagle,
             known_prompt_hashes=known_prompt_hashes,
+            publish=publish,
+            dedupe=dedupe,
         )
+        # publish="commit": each live request's length at admission; commits up to it are
+        # prefill chunks (SGLang checkpoints those), later ones decode steps.
+        self._prefill_end: dict[str, int] | None = None if publish == "allocation" else {}
         self.use_eagle = use_eagle
         # ``page_table``'s group: group 0 (the explicit form, a plain model); from a layout the
         # first full-attention group (vLLM may order a Mamba or window group first).
@@ -265,6 +285,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         if new_blocks is None:
             req.num_computed_tokens = prior
             return None
+        if self._prefill_end is not None:
+            self._prefill_end[req.request_id] = req.num_tokens
         return self.manager.get_blocks(req.request_id)
 
     def _extend(self, req: Request, state: KVCacheBlocks, total_tokens: int) -> bool:
@@ -296,14 +318,23 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         return self.offload is None or not self.offload.busy()
 
     def _commit(self, req: Request, state: KVCacheBlocks) -> None:
-        # Nothing to publish: full blocks were cached at allocation (vLLM). Only check.
+        # vLLM: nothing to publish, full blocks were cached at allocation. Only check.
         held = len(state[self.primary_group])
         if held * self.page_size < req.num_computed_tokens:  # the message only on failure
             ensure(False, f"{req.request_id!r} committed {req.num_computed_tokens} tokens into {held} blocks")
+        if self._prefill_end is not None and req.num_computed_tokens <= self._prefill_end[req.request_id]:
+            self._publish(req)
         if self.offload is not None:
             self.offload.on_commit(req)
 
+    def _publish(self, req: Request) -> None:
+        """publish="commit": cache the request's full blocks with computed KV."""
+        self.manager.cache_blocks(req, req.num_computed_tokens)
+
     def _release(self, req: Request, state: KVCacheBlocks) -> None:
+        if self._prefill_end is not None:
+            del self._prefill_end[req.request_id]
+            self._publish(req)
         self.manager.free(req)
         if self.offload is not None:
             self.offload.on_release(req)

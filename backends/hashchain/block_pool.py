@@ -22,7 +22,7 @@ from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, Laz
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
 from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId, generate_block_hash_extra_keys
 
-from prefixcache.eviction import make_policy
+from prefixcache.eviction import LEAF_LRU, make_policy
 from prefixcache.interface import ensure
 from prefixcache.request import Request
 
@@ -47,6 +47,11 @@ class BlockPool:
     ``eviction_policy``: "lru" is vLLM's, the free queue's order. Any other name of
     ``prefixcache.eviction`` ranks the free cached leaf blocks (``RankedEviction``, ours);
     free blocks without a hash still go first, and then stay at the queue's head.
+    ``"leaf-lru"`` is that ranking under LRU: SGLang's eviction order over blocks.
+
+    ``dedupe`` is our ablation switch (vLLM: False, it keeps duplicates): a block that fills
+    with content already cached under its key is given back at once and the request takes the
+    cached block in its place, as SGLang's insert frees a request's duplicate slots.
     """
 
     def __init__(
@@ -55,6 +60,7 @@ class BlockPool:
         unhashed_first: bool = True,
         eviction_policy: str = "lru",
         block_size: int = 0,
+        dedupe: bool = False,
     ) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(
@@ -62,8 +68,13 @@ class BlockPool:
             )
         self.num_gpu_blocks = num_gpu_blocks
         self.unhashed_first = unhashed_first
-        policy = make_policy(eviction_policy, capacity=num_gpu_blocks - 1)  # validates the name
-        ranked = eviction_policy.lower() != "lru"
+        if not isinstance(dedupe, bool):
+            raise ValueError(f"dedupe must be a bool, got {dedupe!r}")
+        self.dedupe = dedupe
+        leaf_lru = isinstance(eviction_policy, str) and eviction_policy.lower() == LEAF_LRU
+        # validates the name
+        policy = make_policy("lru" if leaf_lru else eviction_policy, capacity=num_gpu_blocks - 1)
+        ranked = leaf_lru or eviction_policy.lower() != "lru"
         if ranked and not unhashed_first:
             raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
         self.ranked = RankedEviction(policy) if ranked else None
@@ -109,7 +120,7 @@ class BlockPool:
     def cache_full_blocks(
         self,
         block_keys: Sequence[BlockHashWithGroupId],
-        blocks: Sequence[KVCacheBlock],
+        blocks: list[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
         num_prompt_blocks: int = 0,
@@ -142,6 +153,8 @@ class BlockPool:
                 continue
             if block_mask is not None and not block_mask[i - num_cached_blocks]:
                 continue
+            if self.dedupe and self._adopt_cached(block_keys[i], blocks, i):
+                continue
             block.block_hash = block_keys[i]  # raises if it has one
             new_blocks.append(block)
             keys.append(block_keys[i])
@@ -156,6 +169,18 @@ class BlockPool:
                 before = blocks[i - 1] if i else None
                 parent = before if before is not None and before.block_hash is not None else None
                 ranked.cached(blocks[i], parent, i, i < num_prompt_blocks, now)
+
+    def _adopt_cached(self, key: BlockHashWithGroupId, blocks: list[KVCacheBlock], i: int) -> bool:
+        """``dedupe``: if ``key`` is cached already, the request's table takes that block at
+        ``i`` and its own copy goes back to the pool (no hash: reused first). True if so."""
+        existing = self.cached_block_hash_to_block.get_one_block(key)
+        if existing is None:
+            return False
+        duplicate = blocks[i]
+        self.touch([existing])
+        blocks[i] = existing
+        self.free_blocks([duplicate])
+        return True
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` from the head; a popped cached block loses its hash now."""

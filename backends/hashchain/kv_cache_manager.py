@@ -20,6 +20,10 @@ from prefixcache.backends.hashchain.single_type_kv_cache_manager import Attentio
 from prefixcache.request import Request
 
 FREE_ORDERS = ("reverse", "forward")
+# When a full block is published (gets its hash, so that lookups see it): at allocation, before
+# its KV is computed (vLLM); or at commit, as SGLang inserts at the end of a prefill chunk and
+# at release (``"commit"``, our ablation switch).
+PUBLISH_TIMES = ("allocation", "commit")
 
 
 def max_cache_hit_length(request: Request) -> int:
@@ -39,7 +43,10 @@ class KVCacheManager:
 
     ``use_eagle``: vLLM 0.33's ``KVCacheManager(use_eagle=True)``, the EAGLE block drop (see
     the coordinator); it changes lookups and which sliding-window blocks get a hash, not the
-    allocation count (the drafter's lookahead slots are the caller's: num_new_tokens)."""
+    allocation count (the drafter's lookahead slots are the caller's: num_new_tokens).
+
+    ``publish`` and ``dedupe`` are our ablation switches towards SGLang (``PUBLISH_TIMES``;
+    ``BlockPool``); vLLM's are "allocation" and False."""
 
     def __init__(
         self,
@@ -56,7 +63,12 @@ class KVCacheManager:
         hash_block_size: int | None = None,
         use_eagle: bool = False,
         known_prompt_hashes: KnownPromptHashes | None = None,
+        publish: str = "allocation",
+        dedupe: bool = False,
     ) -> None:
+        if publish not in PUBLISH_TIMES:
+            raise ValueError(f"publish must be one of {PUBLISH_TIMES}, got {publish!r}")
+        self.publish_at_allocation = publish == "allocation"
         if free_order not in FREE_ORDERS:
             raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {free_order!r}")
         if not isinstance(free_skipped_on_failure, bool):
@@ -64,7 +76,7 @@ class KVCacheManager:
         self.free_skipped_on_failure = free_skipped_on_failure
         self.block_size = block_size
         self.free_order = free_order
-        self.block_pool = BlockPool(num_gpu_blocks, unhashed_first, eviction_policy, block_size)
+        self.block_pool = BlockPool(num_gpu_blocks, unhashed_first, eviction_policy, block_size, dedupe)
         # vLLM's hash_block_size: tokens per hash; a block is keyed by its last unit's hash.
         hash_block_size = block_size if hash_block_size is None else hash_block_size
         if hash_block_size < 1 or block_size % hash_block_size:
@@ -126,7 +138,7 @@ class KVCacheManager:
         Returns the newly allocated blocks per group, or None when the pool is short; then
         NOTHING has changed, not even the ref counts of the hit blocks. Full blocks are cached
         right away, before their KV is computed, so an identical prompt admitted in the same
-        step hits.
+        step hits (with ``publish="commit"`` the caller caches them later).
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}")
@@ -158,7 +170,8 @@ class KVCacheManager:
             self.shared_prefix_boundary[request_id] = shared_prefix_boundary
         new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
         # Only blocks whose tokens all exist can be hashed (a lookahead slot has no token).
-        self.cache_blocks(request, num_tokens)
+        if self.publish_at_allocation:
+            self.cache_blocks(request, num_tokens)
         return new_blocks
 
     def _begin_learning(self, request: Request, num_hit_blocks: int) -> None:

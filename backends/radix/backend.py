@@ -100,6 +100,9 @@ class _Live:
     seen: float = 0.0  # lrp: the share of its prompt the cache would have hit with the ghost
 
 
+EVICTION_GRANULARITIES = ("leaf", "page")
+
+
 class RadixPrefixCache(PrefixCache[_Live]):
     name = "radix"
 
@@ -113,6 +116,7 @@ class RadixPrefixCache(PrefixCache[_Live]):
         need_sort: bool = False,
         is_eagle: bool = False,
         kv_events: bool = False,
+        eviction_granularity: str = "leaf",
     ) -> None:
         """need_sort: SGLang's allocator mode (prefixcache/pool.py); SGLang sets it only under
         prefill/decode disaggregation, so the default False is what a plain SGLang server does.
@@ -121,7 +125,17 @@ class RadixPrefixCache(PrefixCache[_Live]):
         checkpoint of c computed tokens caches the KV of c - 1 (whole pages).
         kv_events: SGLang's ``enable_kv_cache_events``: the tree records BlockStored /
         BlockRemoved / AllBlocksCleared where SGLang 0.5.23's does (events.py), drained by
-        ``take_events`` (needs msgspec). Not with ``is_eagle`` (bigram pages, not modelled)."""
+        ``take_events`` (needs msgspec). Not with ``is_eagle`` (bigram pages, not modelled).
+        eviction_granularity: "leaf" (SGLang: evict whole leaves for allocation.py's
+        over-estimate of the demand) or "page" (ours, vLLM's granularity, an ablation switch of
+        the decomposition study: evict the pages the allocation takes and no more, splitting a
+        leaf to take them from its end). Not with kv_events."""
+        if eviction_granularity not in EVICTION_GRANULARITIES:
+            raise ValueError(f"eviction_granularity must be one of {EVICTION_GRANULARITIES}, "
+                             f"got {eviction_granularity!r}")
+        if kv_events and eviction_granularity != "leaf":
+            raise ValueError("kv_events with eviction_granularity='page' (a split victim) is not modelled")
+        self.page_granular = eviction_granularity == "page"
         if not isinstance(kv_events, bool):
             raise ValueError(f"kv_events must be a bool, got {kv_events!r}")
         if kv_events and is_eagle:
@@ -147,6 +161,7 @@ class RadixPrefixCache(PrefixCache[_Live]):
             events=RadixEventRecorder(config.page_size) if kv_events and not disable else None,
             capacity=config.num_pages,
             learns=True,  # this adapter feeds lrp (learn_admission, learn_release)
+            whole_leaves=not self.page_granular,
         )
 
     # ------------------------------------------------------------------ pages <-> slots
@@ -173,7 +188,7 @@ class RadixPrefixCache(PrefixCache[_Live]):
         and then fail the allocation with an out-of-memory error)."""
         if num_pages > self.pool.num_free + self.tree.evictable_size() // self.page_size:
             return False
-        short = self._shortfall(demand_tokens)
+        short = self._shortfall(num_pages * self.page_size if self.page_granular else demand_tokens)
         if short > 0:
             self.stats.evicted_tokens += self.tree.evict(short)
         return True

@@ -49,12 +49,15 @@ class RadixCache:
         events: RadixEventRecorder | None = None,
         capacity: int | None = None,
         learns: bool = False,
+        whole_leaves: bool = True,
     ) -> None:
         """capacity: the most leaves the tree can hold (the pool's pages), for the policies with
         a ghost of that size (arc, s3fifo, lrp). learns: the owner feeds ``lrp`` each request's
         admission and release (``learn_admission``, ``learn_release``); only then may the
-        policy be lrp."""
+        policy be lrp. whole_leaves: SGLang evicts a victim leaf whole (True); False (ours, an
+        ablation) splits it and evicts only the pages still asked for, from its end."""
         self.page_size = page_size
+        self.whole_leaves = whole_leaves
         self.disable = disable
         self.is_eagle = is_eagle  # keys become bigram views at match / insert (key.py)
         self.policy: EvictionPolicy = make_policy(eviction_policy, capacity, lookups=learns)
@@ -347,12 +350,20 @@ class RadixCache:
     # ------------------------------------------------------------------ eviction
     def evict(self, num_tokens: int) -> int:
         """Free whole evictable leaves, lowest policy priority first, until ``num_tokens`` are
-        freed (it may overshoot) or none is left; returns the tokens freed."""
+        freed (it may overshoot) or none is left; returns the tokens freed. Without
+        ``whole_leaves`` a leaf longer than the pages still asked for is split first and only
+        its end evicted."""
         if self.disable:
             return 0
         evicted = 0
         while evicted < num_tokens and self._leaves:
             key, _, leaf = self._leaves[0]
+            if not self.whole_leaves:
+                asked = -(-(num_tokens - evicted) // self.page_size) * self.page_size
+                if len(leaf.key) > asked:  # the upper part stays, stamped as the leaf was
+                    upper = self._split_node(leaf, len(leaf.key) - asked, leaf.last_access_time)
+                    upper.creation_time = leaf.creation_time
+                    key = self._leaf_entry[leaf.id][0]
             note_eviction(self.policy, key)
             content_id = self._content_id(leaf)
             forget(self.policy, leaf, content_id)
