@@ -105,6 +105,7 @@ EVICTION_GRANULARITIES = ("leaf", "page")
 
 class RadixPrefixCache(PrefixCache[_Live]):
     name = "radix"
+    page_granular = False  # eviction_granularity="page" (the HiCache subclass keeps SGLang's)
 
     def __init__(
         self,
