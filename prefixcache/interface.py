@@ -154,6 +154,21 @@ class Match:
         retries it later instead of admitting it now (vLLM's lookup returning None)."""
         return False
 
+    @property
+    def external_tokens(self) -> int:
+        """The host hit as the design counts it (vLLM's ``num_external_computed_tokens``, the
+        slots an async load reserves): ``host_tokens``, or one more when the whole prompt is on
+        the host (vLLM loads its last token too and recomputes it). 0 without a tier."""
+        return self.host_tokens
+
+    @property
+    def shared_prefix_boundary(self) -> int:
+        """vLLM 0.33's ``shared_prefix_boundary`` (hybrid models with sliding-window groups): the
+        junction, in tokens, where one group's hit ran past the joint hit; the scheduler hands
+        it back with the allocation so sparse retention hashes that window tail. 0: none (every
+        other design and model)."""
+        return 0
+
 
 class BatchAllocation(NamedTuple):
     """What ``allocate_batch`` did: the leading ``done`` requests got their room; ``evicted``
@@ -490,6 +505,14 @@ class PrefixCache(ABC, Generic[S]):
         """Tokens the live ``req``'s admission loaded from the host tier (0 if not live)."""
         live = self._record_of(req)
         return live.loaded if live is not None else 0
+
+    def host_load_pending(self, req: Request) -> bool:
+        """Whether the live ``req``'s load from the host tier is still unacknowledged: vLLM's
+        request waits (WAITING_FOR_REMOTE_KVS) and its loaded blocks are cached only once the
+        connector reports the load finished (``advance_transfers``). False without a tier, for
+        a request that loaded nothing or is not live, and where loads finish in the admitting
+        forward (SGLang's)."""
+        return False
 
     def host_usage(self) -> PageUsage | None:
         """Where the host tier's pages are (free / evictable / in use: held by a transfer in

@@ -394,3 +394,47 @@ def test_the_radix_storage_tier_fields_are_refused_by_hashchain() -> None:
     cfg = CacheConfig(capacity_tokens=16 * 64, page_size=16)
     with pytest.raises(ValueError, match="hashchain host tier has no storage"):
         make_cache("hashchain", cfg, host_tier=HostTierConfig(storage=True))
+
+
+@pytest.mark.parametrize("ack_delay", [0, 2])
+def test_a_host_load_is_pending_until_the_connector_reports_it(ack_delay: int) -> None:
+    """Issue 33: the host hit's fields and the load's acknowledgement are public. vLLM's async
+    load: admitted with ``allocate(req, 0, match)``, the request waits until the connector
+    reports the load (``advance_transfers``, ``ack_delay`` steps late), and only then are the
+    loaded blocks cached (a lookup sees them)."""
+    cfg = CacheConfig(capacity_tokens=16 * 100, page_size=16)
+    cache = make_cache("hashchain", cfg, host_tier=HostTierConfig(block_size=64, capacity_tokens=64 * 20),
+                       host_ack_delay=ack_delay)
+    prompt = list(range(1, 130))
+    a = Request("a", prompt)
+    assert cache.allocate(a, 129)
+    a.num_computed_tokens = 129
+    cache.commit(a)
+    cache.release(a)
+    for _ in range(3 + ack_delay):
+        cache.advance_transfers()
+    cache.evict(10**6)
+    b = Request("b", prompt)
+    m = cache.lookup(b)
+    assert (m.tokens, m.host_tokens, m.external_tokens, m.shared_prefix_boundary) == (0, 128, 128, 0)
+    assert not cache.host_load_pending(b)  # not live yet
+    assert cache.allocate(b, 0, m)
+    steps = 0
+    while cache.host_load_pending(b):
+        assert cache.lookup(Request("c", prompt)).tokens == 0  # loaded blocks not cached yet
+        cache.advance_transfers()
+        steps += 1
+    assert steps == 1 + ack_delay
+    assert cache.lookup(Request("c", prompt)).tokens == 128
+    cache.release(b)
+    assert not cache.host_load_pending(b)
+
+
+def test_without_a_tier_no_load_is_pending_and_the_match_has_no_host_part() -> None:
+    for backend in ("hashchain", "radix"):
+        cache = make_cache(backend, CacheConfig(1024, 16))
+        r = Request("r", list(range(1, 40)))
+        m = cache.lookup(r)
+        assert (m.host_tokens, m.external_tokens, m.shared_prefix_boundary) == (0, 0, 0)
+        assert cache.allocate(r, 39, m)
+        assert not cache.host_load_pending(r)

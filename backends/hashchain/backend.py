@@ -331,6 +331,9 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         """publish="commit": cache the request's full blocks with computed KV."""
         self.manager.cache_blocks(req, req.num_computed_tokens)
 
+    def host_load_pending(self, req: Request) -> bool:
+        return self.offload is not None and self.is_live(req) and self.offload.load_pending(req)
+
     def _release(self, req: Request, state: KVCacheBlocks) -> None:
         if self._prefill_end is not None:
             del self._prefill_end[req.request_id]

@@ -185,6 +185,14 @@ class OffloadingConnectorScheduler:
         if self.worker is not None:
             self.worker(job)
 
+    def load_in_flight(self, request_id: str) -> bool:
+        """Whether a load of this request's chunks is submitted and not yet reported done."""
+        status = self._req_status.get(request_id)
+        if status is None:
+            return False
+        jobs = (self._jobs.get(j) for j in status.transfer_jobs)  # (one may be completing now)
+        return any(job is not None and not job.is_store for job in jobs)
+
     def on_commit(self, req: Request, blocks: Sequence[Any]) -> None:
         """``blocks``: the request's KV blocks (full attention), which only grow while it is
         live: the ids are appended, not copied anew each step."""

@@ -121,6 +121,9 @@ class HostTier:
     def busy(self) -> bool:
         return self.connector.busy()
 
+    def load_pending(self, req: Request) -> bool:
+        return self.connector.load_in_flight(req.request_id)
+
     def usage(self) -> PageUsage:
         return self.connector.host_usage()
 
