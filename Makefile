@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: divergence engine-traces-full setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
+.PHONY: decomposition-full divergence engine-traces-full setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -79,6 +79,11 @@ whole-traces-full: $(STAMP)
 # default scale reruns 8 of those cells and checks them against it).
 engine-traces-full: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.figures.study_engine_traces --scale full --out results
+
+# The decomposition study's full grid, whole traces included (about 40 minutes on 2 cores):
+# results/decomposition_full/, committed.
+decomposition-full: $(STAMP)
+	$(BIN)/python -m prefixcache.experiments.figures.study_decomposition --scale full --out results
 
 # The hybrid study's whole-trace cells (12, about half an hour on 2 cores): results/hybrid_traces/.
 hybrid-traces: $(STAMP)

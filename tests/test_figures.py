@@ -65,7 +65,7 @@ def test_reproduce_tiny_makes_every_included_figure_and_snippet(tmp_path: Path) 
         defined |= set(re.findall(r"\\newcommand\{\\([A-Za-z]+)\}", (paper / i).read_text()))
     tex = MAIN_TEX.read_text()
     guarded = re.sub(r"\\ifx.*?\\fi", "", tex, flags=re.S)
-    prefixes = "gran|cap|sched|ev|pol|ttft|wt|ops|cost|sc|div|kernel|hyb"
+    prefixes = "gran|cap|sched|ev|pol|ttft|wt|ops|cost|sc|div|kernel|hyb|dec"
     used = set(re.findall(rf"\\((?:{prefixes})[A-Z][A-Za-z]*)", guarded))
     assert used <= defined, f"undefined macros: {sorted(used - defined)}"
     # Every \ref has its \label in the text or in a snippet (no LaTeX here to say "??").
@@ -115,3 +115,17 @@ def test_a_stored_cell_of_another_summary_version_is_run_again(tmp_path: Path) -
     again = json.loads(path.read_text())
     assert again["summary_version"] == SUMMARY_VERSION and "wait_p99_s" in again
     assert run_cell(config, tmp_path)["wall_s"] == again["wall_s"]  # current: reused as stored
+
+
+def test_the_latex_log_check_counts_what_a_clean_build_must_not_have() -> None:
+    """``make reproduce`` builds paper/main.pdf where LaTeX is installed and reports any
+    undefined reference or citation and any overfull box from main.log."""
+    from prefixcache.experiments.figures.reproduce import latex_log_problems
+
+    clean = "Underfull \\hbox (badness 3713) in paragraph at lines 8--8\nOutput written on main.pdf\n"
+    assert latex_log_problems(clean) == []
+    bad = ("Overfull \\hbox (1.5pt too wide) in paragraph at lines 3--4\n"
+           "Overfull \\vbox (2.0pt too high) has occurred while \\output is active\n"
+           "LaTeX Warning: Reference `fig:x' on page 3 undefined on input line 5.\n"
+           "LaTeX Warning: Citation `abc' on page 2 undefined on input line 9.\n")
+    assert latex_log_problems(bad) == ["1 undefined references", "1 undefined citations", "2 overfull boxes"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from prefixcache.experiments.figures.plotting import figure_main, fmt, load, placeholder, save, write_macros
+from prefixcache.experiments.figures.study_eviction import RADIX_PAGE
 
 STUDY = "eviction"
 VLLM = "vLLM (reverse, unhashed first)"
@@ -21,7 +22,7 @@ def make(results: Path, paper: Path) -> list[Path]:
         return [placeholder("eviction", paper, "eviction ablation skipped: the hashchain backend\n"
                             "does not accept free_order / unhashed_first"),
                 write_macros(paper, "eviction", {k: "n/a" for k in ("evMaxGain", "evMaxLoss", "evMeanLoss",
-                                                                    "evRadixVsVllm")})]
+                                                                    "evRadixVsVllm", "evRadixPageVsVllm")})]
     sources = list(dict.fromkeys(df["source"]))
     piv = df.pivot_table(index=["source", "capacity_tokens"], columns="label", values="hit_rate")
     # The variants lie within a point of each other: plot each one's difference from vLLM's order
@@ -31,7 +32,7 @@ def make(results: Path, paper: Path) -> list[Path]:
         p = piv.loc[source].sort_index()
         for label in [c for c in p.columns if c != VLLM]:
             ax.plot(p.index, (p[label] - p[VLLM]) * 100, marker="o", ms=3, lw=1, label=label,
-                    ls="--" if label == "radix-LRU" else "-")
+                    ls="--" if label.startswith("radix-LRU") else "-")
         ax.axhline(0, color="black", lw=0.8)
         twin = ax.twinx()
         twin.plot(p.index, p[VLLM], color="0.7", lw=0.8, ls=":")
@@ -45,13 +46,14 @@ def make(results: Path, paper: Path) -> list[Path]:
     axes[0][0].legend(fontsize=5)
     fig.tight_layout()
     out = [save(fig, "eviction", paper)]
-    others = [c for c in piv.columns if c not in (VLLM, "radix-LRU")]
+    others = [c for c in piv.columns if c not in (VLLM, "radix-LRU", RADIX_PAGE)]
     delta = piv[others].sub(piv[VLLM], axis=0) * 100  # positive: the ablated variant wins
     values = {
         "evMaxGain": fmt(float(delta.max().max()), 2),
         "evMaxLoss": fmt(float(-delta.min().min()), 2),
         "evMeanLoss": fmt(float(-delta.mean().mean()), 2),
         "evRadixVsVllm": fmt(float((piv["radix-LRU"] - piv[VLLM]).abs().max()) * 100, 2),
+        "evRadixPageVsVllm": fmt(float((piv[RADIX_PAGE] - piv[VLLM]).abs().max()) * 100, 2),
     }
     out.append(write_macros(paper, "eviction", values))
     return out

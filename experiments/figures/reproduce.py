@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from prefixcache.experiments.figures import (
     fig_capacity,
+    fig_decomposition,
     fig_divergence,
     fig_engine_traces,
     fig_eviction,
@@ -40,6 +42,7 @@ from prefixcache.experiments.figures import (
     fig_ttft,
     plotting,
     study_capacity,
+    study_decomposition,
     study_divergence,
     study_engine_traces,
     study_eviction,
@@ -60,10 +63,11 @@ from prefixcache.experiments.figures.common import SCALES
 
 STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduling, study_eviction,
            study_ttft, study_side_channel, study_divergence, study_hybrid, study_routing, study_tiers,
-           study_engine_traces]
+           study_engine_traces, study_decomposition]
 FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
            fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces, tab_cost_model,
-           fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_tiers, fig_engine_traces]
+           fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_tiers, fig_engine_traces,
+           fig_decomposition]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 
@@ -82,8 +86,20 @@ def build_pdf(paper: Path) -> bool:
         if r.returncode != 0 and c[0] != "bibtex":
             print(f"{' '.join(c)} failed (see {paper / 'main.log'}):\n{r.stdout[-2000:]}")
             return False
-    print(f"built {paper / 'main.pdf'}")
-    return True
+    problems = latex_log_problems((paper / "main.log").read_text(errors="replace"))
+    print(f"built {paper / 'main.pdf'}: " + ("; ".join(problems) if problems else
+                                              "0 undefined references, 0 overfull boxes"))
+    return not problems
+
+
+def latex_log_problems(log: str) -> list[str]:
+    """What a clean build must not have: undefined references or citations, overfull boxes."""
+    counts = {
+        "undefined references": len(re.findall(r"LaTeX Warning: Reference `[^']*' on page", log)),
+        "undefined citations": len(re.findall(r"LaTeX Warning: Citation `[^']*' on page", log)),
+        "overfull boxes": len(re.findall(r"^Overfull \\[hv]box", log, flags=re.M)),
+    }
+    return [f"{n} {what}" for what, n in counts.items() if n]
 
 
 def main(argv: list[str] | None = None) -> int:

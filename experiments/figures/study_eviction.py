@@ -29,12 +29,15 @@ from prefixcache import CacheConfig, make_cache
 
 STUDY = "eviction"
 PAGE = 16
+RADIX_PAGE = "radix-LRU, page granularity"
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("vLLM (reverse, unhashed first)", "hashchain", {"free_order": "reverse", "unhashed_first": True}),
     ("forward, unhashed first", "hashchain", {"free_order": "forward", "unhashed_first": True}),
     ("reverse, unhashed last", "hashchain", {"free_order": "reverse", "unhashed_first": False}),
     ("forward, unhashed last", "hashchain", {"free_order": "forward", "unhashed_first": False}),
     ("radix-LRU", "radix", {"eviction_policy": "lru"}),
+    # radix evicting exactly the pages it takes, as vLLM does (the decomposition study's switch)
+    (RADIX_PAGE, "radix", {"eviction_policy": "lru", "eviction_granularity": "page"}),
 ]
 SOURCES: dict[str, dict[str, Any]] = {
     "shared-doc-qa": dict(num_docs=64, doc_len=1000, num_requests=300, zipf_s=0.8),
