@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from prefixcache.experiments.analysis.metrics import (
     block_hit_rate,
@@ -86,3 +87,22 @@ def test_index_memory_grows_with_cached_entries_and_shrinks_when_evicted(backend
     )
     cache.evict(1 << 15)
     assert index_memory(cache)["index_bytes"] < full["index_bytes"]
+
+
+def test_grouped_ratio_ci_resamples_whole_groups() -> None:
+    """A group counts once however many requests it has: 20 conversations of 10 requests give
+    the interval of their 20 sums, and a constant ratio an interval of width 0."""
+    from prefixcache.experiments.analysis.metrics import grouped_ratio_ci95
+
+    rng = np.random.default_rng(1)
+    # a conversation's requests alike (correlated), conversations apart
+    hits = np.repeat(rng.integers(0, 50, 20), 10).astype(float)
+    prompts = np.repeat(rng.integers(50, 100, 20), 10).astype(float)
+    groups = np.repeat(np.arange(20) * 7, 10)  # sparse labels: only the groups present count
+    sums = (np.bincount(groups // 7, hits), np.bincount(groups // 7, prompts))
+    assert grouped_ratio_ci95(hits, prompts, groups) == grouped_ratio_ci95(*sums, np.arange(20))
+    lo, hi = grouped_ratio_ci95(hits, prompts, groups)
+    assert lo < hits.sum() / prompts.sum() < hi
+    one_each = grouped_ratio_ci95(hits, prompts, np.arange(200))
+    assert 2 * (one_each[1] - one_each[0]) < hi - lo  # taken as independent: far too narrow
+    assert grouped_ratio_ci95(prompts / 2, prompts, groups) == (0.5, 0.5)

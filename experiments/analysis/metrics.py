@@ -192,3 +192,16 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
         return float(x[0]), float("nan")
     t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
     return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(x.size))
+
+
+def grouped_ratio_ci95(num: np.ndarray, den: np.ndarray, groups: np.ndarray, seed: int = 0,
+                       n: int = 1000) -> tuple[float, float]:
+    """95% interval (2.5th and 97.5th percentiles) of sum(num) / sum(den) over ``n`` resamples
+    of whole groups with replacement (requests of one conversation are not independent)."""
+    _, index = np.unique(groups, return_inverse=True)  # the groups present, numbered densely
+    k = int(index.max()) + 1
+    num_g = np.bincount(index, np.asarray(num, dtype=float), k)
+    den_g = np.bincount(index, np.asarray(den, dtype=float), k)
+    weights = np.random.default_rng(seed).multinomial(k, np.full(k, 1.0 / k), size=n).astype(float)
+    lo, hi = np.percentile((weights @ num_g) / (weights @ den_g), [2.5, 97.5])
+    return float(lo), float(hi)

@@ -1,7 +1,7 @@
 """Figure and table: routers in front of N replicas. Reads ``results/routing``; writes
 ``figures/routing``, ``generated/routing.tex`` and ``generated/routing_values.tex``.
 
-Hit rates carry the 95% bootstrap interval over requests (one arrival sample per trace: the
+Hit rates carry the 95% bootstrap interval over conversations (one arrival sample per trace: the
 same for every router); TTFT is the simulated clock's (queue + prefill, measured cost model).
 """
 

@@ -237,8 +237,8 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
         (out / FULL).mkdir(parents=True, exist_ok=True)
         table.to_csv(out / FULL / "causes.csv", index=False, float_format="%.6g")
         # the runs' integer counts: a later default-scale run is checked against them exactly
-        df[["cell", "label", "source", "capacity_tokens", "seed", "hits", "queries", "evicted_tokens"]].to_csv(
-            out / FULL / "runs.csv", index=False)
+        counts = ["cell", "label", "source", "capacity_tokens", "seed", "hits", "queries", "evicted_tokens"]
+        df[counts].to_csv(out / FULL / "runs.csv", index=False)
     return out / STUDY
 
 

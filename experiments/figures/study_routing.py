@@ -10,7 +10,7 @@ Serve's prefix affinity, Preble E2, and the oracle that reads every replica's tr
 The arrivals are the trace's, rescaled once per trace so that the offered work is ``LOAD`` of
 what the replicas could serve without any cache (the same sample and the same rescale for
 every router: only the router differs in a row of the table). Per cell: token hit rate (with a
-95% bootstrap interval over requests), the router's prediction error (predicted vs reused
+95% bootstrap interval over conversations), the router's prediction error (predicted vs reused
 tokens, split into its state and the queueing, ``analysis.routing``), time-weighted load
 imbalance, TTFT p50/p90/p99 from the cost model.
 
@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from prefixcache.experiments.analysis.metrics import grouped_ratio_ci95
 from prefixcache.experiments.analysis.routing import hit_rates, imbalance, prediction_error
 from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
@@ -217,13 +218,15 @@ def rescaled_requests(config: dict[str, Any]) -> list[Any]:
     return reqs
 
 
-def bootstrap_ci(hits: np.ndarray, prompts: np.ndarray, seed: int = 0, n: int = 1000) -> tuple[float, float]:
-    """95% interval of sum(hits) / sum(prompts) over requests resampled with replacement."""
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(hits), size=(n, len(hits)))
-    rates = hits[idx].sum(axis=1) / prompts[idx].sum(axis=1)
-    lo, hi = np.quantile(rates, [0.025, 0.975])
-    return float(lo), float(hi)
+CI_UNIT = "conversation"  # what the hit rate's bootstrap resamples (stored cells say theirs)
+
+
+def conversation_of(source: str, limit: int | None, request_ids: pd.Series) -> np.ndarray:
+    """Each trace request's conversation (``study_engine_traces.conversations``), by its id."""
+    from prefixcache.experiments.figures.study_engine_traces import conversations
+
+    group = conversations(source, limit)
+    return np.asarray([group[int(rid.rsplit("-", 1)[1])] for rid in request_ids], dtype=np.int64)
 
 
 def run_cluster_cell(config: dict[str, Any], out_root: Path, force: bool = False) -> dict[str, Any]:
@@ -236,6 +239,7 @@ def run_cluster_cell(config: dict[str, Any], out_root: Path, force: bool = False
         if (
             stored == json.loads(json.dumps(config, default=str))
             and row.get("summary_version") == SUMMARY_VERSION
+            and row.get("ci_unit") == CI_UNIT
         ):
             return dict(row)
     row, rows = simulate_cluster(config)
@@ -275,7 +279,8 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
     ok = df[~df["rejected"]]
     hits = ok["hit_tokens"].to_numpy(dtype=float)
     prompts = ok["prompt_tokens"].to_numpy(dtype=float)
-    lo, hi = bootstrap_ci(hits, prompts)
+    groups = conversation_of(config["source"], config["limit"], ok["request_id"])
+    lo, hi = grouped_ratio_ci95(hits, prompts, groups)
     rates = hit_rates(routes, n)
     per = np.array(rates["per_replica_hit_rate"], dtype=float)
     ttft = ok["ttft_s"]
@@ -287,6 +292,7 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
         token_hit_rate=rates["token_hit_rate"],
         hit_rate_lo=lo,
         hit_rate_hi=hi,
+        ci_unit=CI_UNIT,
         request_hit_rate=rates["request_hit_rate"],
         per_replica_hit_min=float(np.nanmin(per)),
         per_replica_hit_max=float(np.nanmax(per)),
