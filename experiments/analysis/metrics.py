@@ -194,6 +194,14 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
     return float(x.mean()), float(t * x.std(ddof=1) / np.sqrt(x.size))
 
 
+def group_resamples(num_groups: int, n: int = 1000, seed: int = 0) -> np.ndarray:
+    """``n`` bootstrap resamples of ``num_groups`` groups drawn with replacement, as counts
+    (n x num_groups float64): how often each group is drawn in each resample. Every grouped
+    interval of the studies draws them this one way."""
+    p = np.full(num_groups, 1.0 / num_groups)
+    return np.random.default_rng(seed).multinomial(num_groups, p, size=n).astype(np.float64)
+
+
 def grouped_ratio_ci95(num: np.ndarray, den: np.ndarray, groups: np.ndarray, seed: int = 0,
                        n: int = 1000) -> tuple[float, float]:
     """95% interval (2.5th and 97.5th percentiles) of sum(num) / sum(den) over ``n`` resamples
@@ -202,6 +210,6 @@ def grouped_ratio_ci95(num: np.ndarray, den: np.ndarray, groups: np.ndarray, see
     k = int(index.max()) + 1
     num_g = np.bincount(index, np.asarray(num, dtype=float), k)
     den_g = np.bincount(index, np.asarray(den, dtype=float), k)
-    weights = np.random.default_rng(seed).multinomial(k, np.full(k, 1.0 / k), size=n).astype(float)
+    weights = group_resamples(k, n, seed)
     lo, hi = np.percentile((weights @ num_g) / (weights @ den_g), [2.5, 97.5])
     return float(lo), float(hi)

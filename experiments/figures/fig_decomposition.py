@@ -87,8 +87,8 @@ def make(results: Path, paper: Path) -> list[Path]:
 
     # The workloads' numbers and the whole traces' apart (the text gives them apart)
     work = causes[~is_trace(causes["source"])].set_index(["source", "capacity_tokens"])
-    workload = cells[~is_trace(cells.index.get_level_values(0).to_series()).to_numpy()]
-    trace = cells[is_trace(cells.index.get_level_values(0).to_series()).to_numpy()]
+    on_trace = is_trace(pd.Series(cells.index.get_level_values(0))).to_numpy()
+    workload, trace = cells[~on_trace], cells[on_trace]
 
     def cause(name: str, column: str = "chain_pt") -> pd.Series:
         return work[work["cause"] == name][column]

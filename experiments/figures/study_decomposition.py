@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from prefixcache.experiments.analysis.metrics import group_resamples
 from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
     cell_config,
@@ -46,7 +47,7 @@ from prefixcache.experiments.figures.common import (
     study_main,
     trace_arrival_scale,
 )
-from prefixcache.experiments.figures.study_engine_traces import conversations
+from prefixcache.experiments.figures.study_engine_traces import conversations_by_id
 from prefixcache.experiments.figures.study_whole_traces import TRACES
 
 from prefixcache.cost_model import named_clock
@@ -135,8 +136,7 @@ def groups_of(source: str, limit: Any, config: dict[str, Any]) -> pd.Series:
     """The bootstrap's unit of each request of a run, by request id: a trace's conversations
     (``study_engine_traces.conversations``), else ``prompt_groups`` of the workload's prompts."""
     if source in MOONCAKE_TRACES:
-        group = conversations(source, None if limit is None or limit != limit else int(limit))
-        return pd.Series(group, index=[f"{source}-{i}" for i in range(len(group))])
+        return conversations_by_id(source, None if limit is None or limit != limit else int(limit))
     reqs = make_requests(config)
     return pd.Series(prompt_groups([r.prompt_array for r in reqs]), index=[r.request_id for r in reqs])
 
@@ -176,9 +176,8 @@ def cell_arrays(cell: pd.DataFrame, labels: list[str], out: Path) -> Arrays:
         hits.append(np.stack([tables[label]["hit_tokens"].loc[ids].to_numpy(np.float64) for label in labels]))
         prompts.append(tables["vllm"]["prompt_tokens"].to_numpy(np.float64))
     group, hit, prompt = np.concatenate(groups), np.concatenate(hits, axis=1), np.concatenate(prompts)
-    weights = np.random.default_rng(0).multinomial(offset, np.full(offset, 1.0 / offset), size=BOOTSTRAP)
     return (np.stack([np.bincount(group, h, offset) for h in hit]), np.bincount(group, prompt, offset),
-            weights.astype(np.float64))
+            group_resamples(offset, BOOTSTRAP))
 
 
 class Effects:

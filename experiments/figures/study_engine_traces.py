@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from prefixcache.experiments.analysis.metrics import group_resamples
 from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
     cell_config,
@@ -105,6 +106,12 @@ def conversations(source: str, limit: int | None) -> np.ndarray:
     return np.asarray([index[k] for k in keys], dtype=np.int64)
 
 
+def conversations_by_id(source: str, limit: int | None) -> pd.Series:
+    """``conversations`` indexed by the request ids ``make_requests`` gives the trace's requests."""
+    group = conversations(source, limit)
+    return pd.Series(group, index=[f"{source}-{i}" for i in range(len(group))])
+
+
 def bootstrap_by_conversation(df: pd.DataFrame, group: np.ndarray, seed: int = 0) -> dict[str, float]:
     """95% intervals (2.5th and 97.5th percentiles of ``BOOTSTRAP`` resamples of whole
     conversations) of the token hit rate and of TTFT's p50, p90 and p99, with the point values.
@@ -118,8 +125,7 @@ def bootstrap_by_conversation(df: pd.DataFrame, group: np.ndarray, seed: int = 0
     prompt_g = np.bincount(group, prompt, n_groups)
     order = np.argsort(ttft, kind="stable")
     sorted_ttft, sorted_group = ttft[order], group[order]
-    rng = np.random.default_rng(seed)
-    counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=BOOTSTRAP).astype(np.float64)
+    counts = group_resamples(n_groups, BOOTSTRAP, seed)
     rates = counts @ hit_g / (counts @ prompt_g)
     weights = np.cumsum(counts[:, sorted_group], axis=1)  # each resample's weight up to each request
     out = {"token_hit_rate": float(hit.sum() / prompt.sum())}

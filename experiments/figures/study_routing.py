@@ -56,6 +56,7 @@ from prefixcache.experiments.figures.common import (
     trace_arrival_scale,
     write_table,
 )
+from prefixcache.experiments.figures.study_engine_traces import conversations_by_id
 
 from prefixcache import CacheConfig, CostModel, make_cache
 from prefixcache.cluster import Cluster, make_router
@@ -221,14 +222,6 @@ def rescaled_requests(config: dict[str, Any]) -> list[Any]:
 CI_UNIT = "conversation"  # what the hit rate's bootstrap resamples (stored cells say theirs)
 
 
-def conversation_of(source: str, limit: int | None, request_ids: pd.Series) -> np.ndarray:
-    """Each trace request's conversation (``study_engine_traces.conversations``), by its id."""
-    from prefixcache.experiments.figures.study_engine_traces import conversations
-
-    group = conversations(source, limit)
-    return np.asarray([group[int(rid.rsplit("-", 1)[1])] for rid in request_ids], dtype=np.int64)
-
-
 def run_cluster_cell(config: dict[str, Any], out_root: Path, force: bool = False) -> dict[str, Any]:
     """Run (or read back) one cluster cell; returns its summary row."""
     folder = out_root / STUDY / cell_name(config)
@@ -279,7 +272,7 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
     ok = df[~df["rejected"]]
     hits = ok["hit_tokens"].to_numpy(dtype=float)
     prompts = ok["prompt_tokens"].to_numpy(dtype=float)
-    groups = conversation_of(config["source"], config["limit"], ok["request_id"])
+    groups = conversations_by_id(config["source"], config["limit"]).loc[ok["request_id"]].to_numpy()
     lo, hi = grouped_ratio_ci95(hits, prompts, groups)
     rates = hit_rates(routes, n)
     per = np.array(rates["per_replica_hit_rate"], dtype=float)
