@@ -55,3 +55,22 @@ def test_cells_on_a_local_ray_match_joblib_and_are_read_back(tmp_path, trace_dat
     pd.testing.assert_frame_equal(_table(ray_rows), _table(joblib_rows))
     again = list(sr._cells(todo, tmp_path / "joblib", False, 1, "joblib", None))
     assert again == joblib_rows  # stored cells come back as they were written (wall time included)
+
+
+def test_a_cells_hit_interval_resamples_whole_conversations(trace_data) -> None:
+    """Requests of one conversation are correlated: the interval resamples conversations
+    (study_engine_traces' grouping), and differs from one that takes requests as independent."""
+    import numpy as np
+    from prefixcache.experiments.analysis.metrics import grouped_ratio_ci95
+    from prefixcache.experiments.figures.study_engine_traces import conversations_by_id
+
+    c = sr.cluster_config(source="mooncake-conversation", design="radix", router="round-robin",
+                          replicas=2, capacity=1 << 16, limit=300)
+    row, rows = sr.simulate_cluster(c)
+    ok = rows[~rows["rejected"]]
+    hits, prompts = ok["hit_tokens"].to_numpy(float), ok["prompt_tokens"].to_numpy(float)
+    groups = conversations_by_id(c["source"], c["limit"]).loc[ok["request_id"]].to_numpy()
+    assert len(set(groups)) < len(groups)  # some conversation has several requests here
+    assert (row["hit_rate_lo"], row["hit_rate_hi"]) == grouped_ratio_ci95(hits, prompts, groups)
+    assert (row["hit_rate_lo"], row["hit_rate_hi"]) != grouped_ratio_ci95(hits, prompts, np.arange(len(ok)))
+    assert row["ci_unit"] == sr.CI_UNIT
