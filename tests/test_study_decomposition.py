@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from prefixcache.experiments.figures import fig_decomposition
 from prefixcache.experiments.figures import study_decomposition as sd
