@@ -32,7 +32,7 @@ def test_the_chain_adds_up_and_a_stale_full_grid_is_refused(tmp_path: Path) -> N
     full = results / sd.FULL  # a committed grid holding exactly this run's cells
     full.mkdir()
     causes.to_csv(full / "causes.csv", index=False)
-    counts = cells[["cell", "label", "source", "capacity_tokens", "seed", "hits", "queries", "evicted_tokens"]]
+    counts = cells[sd.RUN_KEYS + sd.RUN_COUNTS]
     counts.to_csv(full / "runs.csv", index=False)
     fig_decomposition.make(results, paper)  # the same hits: accepted
     counts.assign(hits=counts["hits"] + 1).to_csv(full / "runs.csv", index=False)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from prefixcache.experiments.figures.common import MOONCAKE_TRACES, read_table
 from prefixcache.experiments.figures.plotting import figure_main, fmt, save, write_macros
-from prefixcache.experiments.figures.study_decomposition import CAUSES, FULL, STUDY
+from prefixcache.experiments.figures.study_decomposition import CAUSES, FULL, RUN_COUNTS, STUDY
 
 RESIDUAL = "residual (no switch)"
 COLORS = dict(zip(CAUSES, ["tab:blue", "tab:orange", "tab:green", "0.4", "tab:red", "tab:purple"],
@@ -43,9 +43,8 @@ def load_causes(results: Path) -> pd.DataFrame:
     full = results / FULL / "causes.csv"
     if not full.exists():
         return causes
-    counts = ["hits", "queries", "evicted_tokens"]
-    runs = pd.read_csv(results / FULL / "runs.csv").set_index("cell")[counts]
-    mine = read_table(results / STUDY / "summary").set_index("cell")[counts]
+    runs = pd.read_csv(results / FULL / "runs.csv").set_index("cell")[RUN_COUNTS]
+    mine = read_table(results / STUDY / "summary").set_index("cell")[RUN_COUNTS]
     shared = mine.index.intersection(runs.index)
     if len(shared) < len(mine) or not (mine.loc[shared] == runs.loc[shared]).all().all():
         raise RuntimeError(f"{full} is stale: {len(mine) - len(shared)} of this run's {len(mine)} cells are "

@@ -97,6 +97,10 @@ SCALE = {
                          ("synthetic", None, [1_000_000, 3_000_000])]),
 }
 FULL = "decomposition_full"  # the committed result of --scale full (its whole traces)
+# runs.csv: each run of the full grid by name with its integer counts, which a later
+# default-scale run is checked against exactly
+RUN_KEYS = ["cell", "label", "source", "capacity_tokens", "seed"]
+RUN_COUNTS = ["hits", "queries", "evicted_tokens"]
 BOOTSTRAP = 1000
 
 
@@ -235,9 +239,7 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
     if scale == "full":
         (out / FULL).mkdir(parents=True, exist_ok=True)
         table.to_csv(out / FULL / "causes.csv", index=False, float_format="%.6g")
-        # the runs' integer counts: a later default-scale run is checked against them exactly
-        counts = ["cell", "label", "source", "capacity_tokens", "seed", "hits", "queries", "evicted_tokens"]
-        df[counts].to_csv(out / FULL / "runs.csv", index=False)
+        df[RUN_KEYS + RUN_COUNTS].to_csv(out / FULL / "runs.csv", index=False)
     return out / STUDY
 
 
