@@ -353,6 +353,8 @@ def simulate(
             f"({cache.config.usable_tokens} usable tokens); raise --capacity-tokens"
         )
     summary.update(over_all_requests(records))
+    if not engine.time_cache_ops:  # not measured (Engine's time_cache_ops): no number, not 0
+        summary["cache_op_us_per_request"] = None
     if summary["rejected"]:
         warnings.warn(
             f"{run_name(cfg)}: {summary['rejected']} of {len(records)} requests are larger than the "

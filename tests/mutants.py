@@ -50,17 +50,20 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: duplicates computed after re-pointing (frees slots still in use)": (
         "backends/radix/backend.py",
-        "        duplicates = live.pages[live.protected // p : cached // p]\n"
-        "        match = self.tree.match_prefix(key, along=end)\n"
+        "        duplicates = live.pages[start // p : cached // p]\n"
+        "        match = self.tree.match_prefix(key, along=end, indices_from=start)\n"
         '        assert match.length == aligned, f"re-match found {match.length} of {aligned} '
         'inserted tokens"\n'
         "        # Re-point at the tree's pages first; only then free our duplicate copies.\n"
-        "        live.pages[live.protected // p : aligned // p] = "
-        "self._pages_of(match.indices[live.protected :])\n",
-        "        match = self.tree.match_prefix(key, along=end)\n"
-        "        live.pages[live.protected // p : aligned // p] = "
-        "self._pages_of(match.indices[live.protected :])\n"
-        "        duplicates = live.pages[live.protected // p : cached // p]\n",
+        "        live.pages[start // p : aligned // p] = self._pages_of(match.indices)\n",
+        "        match = self.tree.match_prefix(key, along=end, indices_from=start)\n"
+        "        live.pages[start // p : aligned // p] = self._pages_of(match.indices)\n"
+        "        duplicates = live.pages[start // p : cached // p]\n",
+    ),
+    "radix: a re-match from a token hands back the slots before it too": (
+        "backends/radix/radix_cache.py",
+        "    return value[skip:] if skip > 0 else value\n",
+        "    return value\n",
     ),
     "radix: duplicate slots never freed": (
         "backends/radix/backend.py",

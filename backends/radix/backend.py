@@ -98,6 +98,7 @@ class _Live:
     prefill_end: int  # tokens it had at admission: steps from here on are decode steps
     decoding: bool = False  # the last allocation was a decode step: no checkpoint after it
     seen: float = 0.0  # lrp: the share of its prompt the cache would have hit with the ghost
+    key: RadixKey | None = None  # request_key of its tokens when last built (they only grow)
 
 
 EVICTION_GRANULARITIES = ("leaf", "page")
@@ -360,24 +361,33 @@ class RadixPrefixCache(PrefixCache[_Live]):
         re-match (stamping the path again), point the page table at the tree's pages and move
         the lock to the new last node."""
         p = self.page_size
-        raw = request_key(req)[: req.num_computed_tokens]
+        if live.key is None or len(live.key) < req.num_computed_tokens:
+            live.key = request_key(req)
+        raw = live.key[: req.num_computed_tokens]
         key = raw.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(p)
         aligned = len(key)  # tokens (EAGLE: bigrams, one fewer than the raw tokens) whose KV goes in
-        own = self._slots(live.pages[: aligned // p])
+        # [0, protected) is the tree's (the locked path): only the slots past it are handed over
+        start = live.protected
+        own = self._slots(live.pages[start // p : aligned // p])
         # The request's locked node lies on its key's path: both walks follow links down to it.
-        cached, end = self.tree.insert_ending_at(key, own, hit_from=live.hits_counted, along=live.last_node)
+        cached, end = self.tree.insert_ending_at(
+            key, own, hit_from=live.hits_counted, along=live.last_node, value_from=start
+        )
         live.hits_counted = max(live.hits_counted, aligned)
         prompt = len(raw[: req.num_prompt_tokens].maybe_to_bigram_view(self.is_eagle)[0]) // p * p
         if 0 < prompt < aligned:
-            self.tree.insert(key[:prompt], own[:prompt], priority=1, hit_from=prompt)
-        duplicates = live.pages[live.protected // p : cached // p]
-        match = self.tree.match_prefix(key, along=end)
+            lo = min(start, prompt)
+            self.tree.insert(key[:prompt], own[: prompt - lo], priority=1, hit_from=prompt, value_from=lo)
+        duplicates = live.pages[start // p : cached // p]
+        match = self.tree.match_prefix(key, along=end, indices_from=start)
         assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"
         # Re-point at the tree's pages first; only then free our duplicate copies.
-        live.pages[live.protected // p : aligned // p] = self._pages_of(match.indices[live.protected :])
+        live.pages[start // p : aligned // p] = self._pages_of(match.indices)
         self.pool.free(duplicates)
-        self.tree.dec_lock_ref(live.last_node)
+        # SGLang unlocks the old node, then locks the new one; the old path is a prefix of the
+        # new, so locking first ends in the same state without unindexing and re-indexing it.
         self.tree.inc_lock_ref(match.last_node)
+        self.tree.dec_lock_ref(live.last_node)
         live.last_node, live.protected = match.last_node, aligned
 
     def _commit_batch(self, records: list[LiveRequest[_Live]]) -> None:

@@ -30,6 +30,12 @@ from prefixcache.eviction import (
 EMPTY_SLOTS: SlotArray = np.empty(0, dtype=np.int64)
 
 
+def _tail(value: SlotArray, end: int, start: int) -> SlotArray:
+    """The part from token ``start`` on of an edge's slots that end at token ``end``."""
+    skip = start - (end - len(value))
+    return value[skip:] if skip > 0 else value
+
+
 class MatchResult(NamedTuple):
     length: int  # tokens matched (whole pages)
     indices: SlotArray  # their KV slots, in token order
@@ -103,13 +109,17 @@ class RadixCache:
         return total
 
     # ------------------------------------------------------------------ match / insert
-    def match_prefix(self, key: RadixKey, along: TreeNode | None = None) -> MatchResult:
+    def match_prefix(
+        self, key: RadixKey, along: TreeNode | None = None, indices_from: int = 0
+    ) -> MatchResult:
         """Longest cached whole-page prefix of ``key``. Stamps access times on every visited
         node, splits a node where the match ends inside it; never locks, never counts a hit.
 
         along: a node the caller knows lies on ``key``'s path (its root-to-node tokens are a
         prefix of ``key``: a request's own locked node): the walk down to it follows parent
-        links instead of comparing tokens, with the same stamps in the same order."""
+        links instead of comparing tokens, with the same stamps in the same order.
+        indices_from: the result's ``indices`` are the slots of tokens [indices_from, length)
+        only (a caller that holds the slots before it need not have them gathered again)."""
         key, _ = key.maybe_to_bigram_view(self.is_eagle)
         key = key.page_aligned(self.page_size)
         if self.disable or len(key) == 0:
@@ -124,8 +134,9 @@ class RadixCache:
                 child.last_access_time = now
                 self._refresh(child)
                 assert child.value is not None
-                values.append(child.value)
                 pos += len(child.key)
+                if pos > indices_from:
+                    values.append(_tail(child.value, pos, indices_from))
             node = along
         while pos < len(key):
             step = self._descend(node, key, pos, now)
@@ -133,23 +144,29 @@ class RadixCache:
                 break
             child, n, diverged = step
             assert child.value is not None
-            values.append(child.value)
             node, pos = child, pos + n
+            if pos > indices_from:
+                values.append(_tail(child.value, pos, indices_from))
             if diverged:
                 break
         indices = np.concatenate(values) if values else EMPTY_SLOTS
         return MatchResult(pos, indices, node)
 
     def _begin_insert(
-        self, key: RadixKey, value: SlotArray | None, priority: int
+        self, key: RadixKey, value: SlotArray | None, priority: int, value_from: int = 0
     ) -> tuple[RadixKey, np.ndarray, float]:
         """What every insert does first: the key as stored (bigram view, page-aligned), its slot
-        indices checked against it, the root stamped; returns (key, value, now)."""
+        indices (of tokens [value_from, len)) checked against it, the root stamped; returns
+        (key, value, now)."""
         key, _ = key.maybe_to_bigram_view(self.is_eagle)
         key = key.page_aligned(self.page_size)
-        value = np.asarray(key.token_ids if value is None else value, dtype=np.int64)[: len(key)]
-        if len(value) != len(key):
-            raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
+        if not 0 <= value_from <= len(key) or (value is None and value_from):
+            raise ValueError(f"insert of {len(key)} tokens with slot indices from token {value_from}")
+        value = np.asarray(key.token_ids if value is None else value, dtype=np.int64)[: len(key) - value_from]
+        if len(value) != len(key) - value_from:
+            raise ValueError(
+                f"insert of {len(key)} tokens with only {len(value)} slot indices from token {value_from}"
+            )
         now = self.clock()
         root = self.root_node
         root.last_access_time = now
@@ -158,7 +175,7 @@ class RadixCache:
 
     def insert(
         self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
-        along: TreeNode | None = None,
+        along: TreeNode | None = None, value_from: int = 0,
     ) -> int:
         """Cache ``key`` (page-aligned) with slot indices ``value``; returns the length that was
         already cached (the caller frees its own slots for that range). Never overwrites.
@@ -167,18 +184,20 @@ class RadixCache:
         (a request inserts its growing prefix several times and counts once per node); pass
         len(key) to count nothing.
         along: as for ``match_prefix``, a node known to lie on ``key``'s path.
+        value_from: ``value`` holds the slots of tokens [value_from, len) only, for a caller
+        whose tokens before it are cached already (ValueError if any of them is not).
         """
-        return self.insert_ending_at(key, value, priority, hit_from, along)[0]
+        return self.insert_ending_at(key, value, priority, hit_from, along, value_from)[0]
 
     def insert_ending_at(
         self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
-        along: TreeNode | None = None,
+        along: TreeNode | None = None, value_from: int = 0,
     ) -> tuple[int, TreeNode]:
         """``insert``, and the node the inserted key ends at (the root for an empty key), which
         a caller's next walk of the same key can pass as ``along``."""
         if self.disable:
             return 0, self.root_node
-        key, value, now = self._begin_insert(key, value, priority)
+        key, value, now = self._begin_insert(key, value, priority, value_from)
         node = self.root_node
         pos = 0
         if along is not None:
@@ -205,11 +224,13 @@ class RadixCache:
             self._refresh(child)
             node = child
         if pos < len(key):
+            if pos < value_from:
+                raise ValueError(f"insert: tokens [{pos}, {value_from}) are not cached and have no slots")
             leaf = TreeNode(now, priority=priority)
             leaf.parent = node
             # an own copy: a view would keep the caller's whole token array alive
             leaf.key = key[pos:].copy()
-            leaf.value = value[pos:].copy()
+            leaf.value = value[pos - value_from :].copy()
             leaf.hit_count = 1 if len(key) > hit_from else 0
             admit(self.policy, leaf, self._content_id(leaf))
             node.children[leaf.key.child_key(self.page_size)] = leaf
@@ -314,12 +335,12 @@ class RadixCache:
         delta = 0
         while node is not self.root_node:
             assert node.parent is not None and node.value is not None, f"{node} is not in this tree"
-            if node.lock_ref == 0:
+            node.lock_ref += 1
+            if node.lock_ref == 1:  # only a count leaving 0 can take a node out of the leaf index
                 self.evictable_size_ -= len(node.value)
                 self.protected_size_ += len(node.value)
                 delta -= len(node.value)
-            node.lock_ref += 1
-            self._update_leaf_status(node)
+                self._update_leaf_status(node)
             node = node.parent
         return delta
 
@@ -339,12 +360,12 @@ class RadixCache:
         delta = 0
         for node in path:
             assert node.value is not None
-            if node.lock_ref == 1:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:  # only a count reaching 0 can make a node an evictable leaf
                 self.evictable_size_ += len(node.value)
                 self.protected_size_ -= len(node.value)
                 delta += len(node.value)
-            node.lock_ref -= 1
-            self._update_leaf_status(node)
+                self._update_leaf_status(node)
         return delta
 
     # ------------------------------------------------------------------ eviction

@@ -113,7 +113,7 @@ def replay(records: Sequence[TraceRecord], variant: tuple[str, str, int, dict[st
         fn = options.get("hash_fn", "sha256")
         options["known_prompt_hashes"] = filled_store(records, limit, page, fn)
     cache = make_cache(backend, CacheConfig(capacity_tokens=capacity, page_size=page), **options)
-    engine = Engine(cache, "fcfs", token_budget=budget)
+    engine = Engine(cache, "fcfs", token_budget=budget, time_cache_ops=True)
     source = _TimedRequests(records, limit)
     with _TimedHashing() as timed_hash:
         t0 = time.perf_counter_ns()
