@@ -19,6 +19,7 @@ SUITES = [
     "tests/test_stateful.py",
     "tests/test_oracle_hashchain.py",
     "tests/test_match.py",
+    "tests/test_radix_tree.py",
     "tests/test_scaling.py",
     "tests/test_engine.py::test_decode_steps_in_place_is_exact_and_tight",
     "tests/test_engine.py::test_decode_stretches_change_no_record_and_no_cache_state",

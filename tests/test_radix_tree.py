@@ -87,6 +87,32 @@ def test_match_returns_length_concatenated_slots_and_last_node() -> None:
     assert m.last_node.key.tolist() == [4, 5]
 
 
+@pytest.mark.parametrize("along", [False, True])
+@pytest.mark.parametrize("start", [0, 2, 3, 4, 5, 6])
+def test_match_indices_from_gives_the_slots_from_that_token_on(start: int, along: bool) -> None:
+    """Edges [1 2 3] and [4 5]: slots of tokens [start, 5) only, cut inside an edge where
+    ``start`` falls inside one, found by tokens and by the parent links of ``along`` alike."""
+    t = make_tree()
+    t.insert(K(1, 2, 3), np.array([10, 11, 12]))
+    t.insert(K(1, 2, 3, 4, 5), np.array([0, 0, 0, 13, 14]))
+    end = node_at(t, 1, 2, 3, 4, 5)
+    m = t.match_prefix(K(1, 2, 3, 4, 5, 6), along=end if along else None, indices_from=start)
+    assert m.length == 5 and m.last_node is end
+    assert m.indices.tolist() == [10, 11, 12, 13, 14][start:]
+
+
+def test_insert_value_from_takes_the_slots_of_the_uncached_tail_only() -> None:
+    t = make_tree()
+    t.insert(K(1, 2, 3), np.array([10, 11, 12]))
+    assert t.insert(K(1, 2, 3, 4, 5), np.array([13, 14]), value_from=3) == 3
+    assert t.match_prefix(K(1, 2, 3, 4, 5)).indices.tolist() == [10, 11, 12, 13, 14]
+    with pytest.raises(ValueError, match="not cached and have no slots"):
+        t.insert(K(1, 7, 8, 9), np.array([20]), value_from=3)  # [1, 3) is not cached
+    with pytest.raises(ValueError, match="slot indices from token 2"):
+        t.insert(K(1, 2, 3, 6), np.array([20]), value_from=2)  # one slot for two tokens
+    assert t.match_prefix(K(1, 7)).length == 1 and t.match_prefix(K(1, 2, 3, 6)).length == 3
+
+
 def test_match_stamps_last_access_time_on_every_visited_node_root_included() -> None:
     t = make_tree()
     t.insert(K(1, 2, 3))
