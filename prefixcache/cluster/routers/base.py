@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xxhash
 
 from prefixcache.request import Request
@@ -67,18 +68,35 @@ def least_loaded(loads: Sequence[float]) -> int:
     return min(range(len(loads)), key=loads.__getitem__)
 
 
+def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+    """Each token id as 4 little-endian bytes, in one C pass; OverflowError for an id outside
+    [0, 2**32), as ``int.to_bytes(4, "little")`` raises."""
+    arr = np.asarray(tokens)
+    if arr.size and (arr.min() < 0 or arr.max() >= 1 << 32):
+        raise OverflowError(f"a token id outside [0, 2**32) cannot be hashed: {arr.min()}..{arr.max()}")
+    return arr.astype("<u4").tobytes()
+
+
+def chain_hash_bytes(parent: int, block: bytes) -> int:
+    """A router's own hash of one block (``token_bytes`` of its tokens) after its parent's:
+    xxh64 over the parent's 8 bytes, then the block's."""
+    return xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + block)
+
+
 def chain_hash(parent: int, block_tokens: Sequence[int]) -> int:
-    """A router's own hash of one block after its parent's (xxh64 over both)."""
-    h = xxhash.xxh64(parent.to_bytes(8, "little"))
-    h.update(b"".join(t.to_bytes(4, "little") for t in block_tokens))
-    return h.intdigest()
+    """``chain_hash_bytes`` of one block's tokens."""
+    return chain_hash_bytes(parent, token_bytes(block_tokens))
 
 
-def chained_block_hashes(tokens: Sequence[int], block_size: int, seed: int = 0) -> list[int]:
+def chained_block_hashes(
+    tokens: Sequence[int] | np.ndarray, block_size: int, seed: int = 0, *, start_parent: int | None = None
+) -> list[int]:
     """The router's chained hash of each full block of ``tokens``: equal lists mean equal
-    prefixes, as vLLM's hashes do."""
-    out, parent = [], seed
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        parent = chain_hash(parent, tokens[start : start + block_size])
+    prefixes, as vLLM's hashes do. ``start_parent``: the hash the first block chains from
+    (default ``seed``: the first block of a prompt)."""
+    data, width = token_bytes(tokens), 4 * block_size
+    out, parent = [], seed if start_parent is None else start_parent
+    for start in range(0, len(tokens) // block_size * width, width):
+        parent = chain_hash_bytes(parent, data[start : start + width])
         out.append(parent)
     return out

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from prefixcache.cluster.routers.base import chain_hash
+from prefixcache.cluster.routers.base import chained_block_hashes
 
 # vLLM 0.33 KVCacheSpecKind values of groups that hash every block of the prefix
 FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
@@ -87,8 +87,8 @@ class BlockIndex:
                 parent = self.seed if e.parent_block_hash is None else local.get(e.parent_block_hash)
                 if parent is None:
                     continue  # its parent was never seen (lost, or stored before we listened)
-                for i, engine_hash in enumerate(e.block_hashes):
-                    parent = chain_hash(parent, e.token_ids[i * self.block_size : (i + 1) * self.block_size])
+                hashes = chained_block_hashes(e.token_ids, self.block_size, start_parent=parent)
+                for engine_hash, parent in zip(e.block_hashes, hashes, strict=True):
                     local[engine_hash] = parent
                     copies[engine_hash] += 1
                     held_copies[parent] += 1
