@@ -74,6 +74,7 @@ class Request:
         "arrival_time",
         "max_new_tokens",
         "_all_token_ids",
+        "_early_output",
         "_prompt_array",
         "_prompt_tuple",
         "_num_prompt_tokens",
@@ -99,6 +100,9 @@ class Request:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         self.request_id = request_id
         self._make_prompt: Callable[[], Sequence[int] | npt.NDArray[np.integer]] | None = None
+        # Output tokens appended while the token list is not built (a deferred prompt, or one
+        # kept as an array only): they join the list when it is built (``_tokens``).
+        self._early_output: list[int] = []
         if callable(prompt_token_ids):  # deferred (see ``deferred``): only its length now
             self._make_prompt = prompt_token_ids
             num_prompt_tokens = num_deferred_tokens
@@ -159,18 +163,46 @@ class Request:
             self._prompt_array = arr
         return len(tokens)
 
+    def _build_prompt(self) -> None:
+        """Build a deferred prompt: as its int64 array alone when it comes as one (a trace's:
+        a backend reading arrays, and a run that reads no tokens, never pay for a Python list),
+        else as the token list."""
+        assert self._make_prompt is not None
+        prompt = self._make_prompt()
+        if isinstance(prompt, np.ndarray) and prompt.dtype == np.int64 and prompt.ndim == 1:
+            if prompt.size and prompt.min() < 0:
+                _check_token_ids_slowly(prompt, "prompt_token_ids")  # names the first bad id
+            arr = prompt.astype(np.int64)  # a copy of ours: the maker may mutate its own
+            arr.flags.writeable = False
+            self._prompt_array, n = arr, len(arr)
+        else:
+            n = self._set_prompt(prompt)
+        if n != self._num_prompt_tokens:
+            self._all_token_ids = self._prompt_array = None
+            raise ValueError(
+                f"request {self.request_id!r}: its deferred prompt has {n} tokens, "
+                f"{self._num_prompt_tokens} were announced"
+            )
+        self._make_prompt = None
+        if self._all_token_ids is not None:
+            self._join_early_output(self._all_token_ids)
+
+    def _join_early_output(self, tokens: list[int]) -> None:
+        tokens.extend(self._early_output)
+        self._early_output = []
+
     def _tokens(self) -> list[int]:
-        """The token list, building a deferred prompt first."""
-        if self._all_token_ids is None:
-            assert self._make_prompt is not None
-            n = self._set_prompt(self._make_prompt())
-            if n != self._num_prompt_tokens:
-                raise ValueError(
-                    f"request {self.request_id!r}: its deferred prompt has {n} tokens, "
-                    f"{self._num_prompt_tokens} were announced"
-                )
-            self._make_prompt = None
-        return self._all_token_ids  # type: ignore[return-value]
+        """The token list (prompt, then output), built on first use."""
+        tokens = self._all_token_ids
+        if tokens is None:
+            if self._make_prompt is not None:
+                self._build_prompt()
+            tokens = self._all_token_ids
+            if tokens is None:  # the prompt is an array alone so far
+                assert self._prompt_array is not None
+                tokens = self._all_token_ids = self._prompt_array.tolist()
+                self._join_early_output(tokens)
+        return tokens
 
     @property
     def all_token_ids(self) -> Sequence[int]:
@@ -186,9 +218,10 @@ class Request:
     @property
     def prompt_array(self) -> npt.NDArray[np.int64]:
         """The prompt as a read-only int64 array (built once, on first use)."""
-        tokens = self._tokens()  # (building a deferred prompt may set the array: kept)
+        if self._make_prompt is not None:
+            self._build_prompt()  # (a trace's prompt comes as the array: kept)
         if self._prompt_array is None:
-            arr = np.array(tokens[: self._num_prompt_tokens], dtype=np.int64)
+            arr = np.array(self._tokens()[: self._num_prompt_tokens], dtype=np.int64)
             arr.flags.writeable = False
             self._prompt_array = arr
         return self._prompt_array
@@ -200,12 +233,15 @@ class Request:
 
     @property
     def output_token_ids(self) -> Sequence[int]:
-        return self._tokens()[self._num_prompt_tokens :]
+        tokens = self._all_token_ids
+        if tokens is None:  # (a copy, as the slice below is)
+            return list(self._early_output)
+        return tokens[self._num_prompt_tokens :]
 
     @property
     def num_tokens(self) -> int:
         tokens = self._all_token_ids
-        return self._num_prompt_tokens if tokens is None else len(tokens)
+        return self._num_prompt_tokens + len(self._early_output) if tokens is None else len(tokens)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -214,10 +250,12 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         tokens = self._all_token_ids
-        return 0 if tokens is None else len(tokens) - self._num_prompt_tokens
+        return len(self._early_output) if tokens is None else len(tokens) - self._num_prompt_tokens
 
     def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
-        tokens = self._tokens()
+        tokens = self._all_token_ids
+        if tokens is None:  # the list is not built: they wait beside the prompt (``_tokens``)
+            tokens = self._early_output
         if type(token_ids) is int and token_ids >= 0:  # one decode step: the engine's hot path
             tokens.append(token_ids)
             return

@@ -65,3 +65,34 @@ def test_a_deferred_array_prompt_keeps_its_array(monkeypatch: pytest.MonkeyPatch
     req = Request.deferred("r", 5, lambda: np.arange(10, 15, dtype=np.int64))
     assert req.prompt_array.tolist() == [10, 11, 12, 13, 14] == list(req.all_token_ids)
     assert rebuilt == []
+
+
+@pytest.mark.parametrize("as_array", [True, False])
+def test_output_appended_before_the_token_list_is_built_joins_it_in_order(as_array: bool) -> None:
+    """A decode step appends output without building the prompt's token list (a run that
+    reads no tokens never builds one); the list, once built, is the prompt then every output
+    token in order, and the counts agree before and after."""
+    import numpy as np
+
+    prompt = [5, 6, 7]
+    req = Request.deferred("d", 3, lambda: np.array(prompt, dtype=np.int64) if as_array else list(prompt))
+    req.append_output_token_ids(9)
+    req.append_output_token_ids([10, 11])
+    assert req._all_token_ids is None, "appending output must not build the token list"
+    assert (req.num_tokens, req.num_output_tokens, list(req.output_token_ids)) == (6, 3, [9, 10, 11])
+    if as_array:
+        assert req.prompt_array.tolist() == prompt and req._all_token_ids is None  # the array alone
+    assert list(req.all_token_ids) == [5, 6, 7, 9, 10, 11]
+    req.append_output_token_ids(12)
+    assert (req.num_tokens, list(req.output_token_ids)) == (7, [9, 10, 11, 12])
+    with pytest.raises(ValueError, match="negative"):
+        Request.deferred("n", 2, lambda: np.array([1, -3], dtype=np.int64)).prompt_array
+
+
+def test_a_trace_run_without_a_cache_that_reads_tokens_builds_no_token_list() -> None:
+    records = [TraceRecord(float(i), 600, 3, (0, 1)) for i in range(3)]
+    reqs = list(iter_requests(records))
+    engine = Engine(make_cache("none", CacheConfig(4096, 16)), "fcfs", check_invariants=True)
+    engine.run(reqs)
+    assert [r.output_tokens for r in engine.records.values()] == [3, 3, 3]
+    assert all(r._all_token_ids is None and r.num_output_tokens == 3 for r in reqs)
