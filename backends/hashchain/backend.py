@@ -194,9 +194,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 "vLLM's partial hits, which are not supported"
             )
         if use_eagle is True and self.hash_block_size != block_size:
-            # vLLM 0.33 then also hashes the prompt's tail block at a sub-block boundary
-            # (FullAttentionManager._cache_partial_tail_block, up to the whole prompt with
-            # EAGLE), which changes the free queue and block ids; we do not model it.
+            # vLLM 0.33's partial tail then reaches the whole prompt and EAGLE caches one block
+            # past the aligned boundary (get_num_cacheable_tokens); we model neither.
             raise ValueError("use_eagle with a prefix_match_unit below the block size is not supported")
         if use_eagle is True and host_tier is not None:
             # Not recorded against vLLM: the connector's external hit beside the EAGLE drop.
