@@ -79,6 +79,7 @@ class Engine:
         check_invariants: bool = False,
         multi_step: bool = True,
         host_link: HostLink | None = None,
+        scheduler_reserve_full_isl: bool = False,
     ) -> None:
         for name, value in (("token_budget", token_budget), ("max_num_seqs", max_num_seqs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -96,6 +97,9 @@ class Engine:
         self.check_invariants = check_invariants
         self.multi_step = multi_step
         self.host_link = host_link if host_link is not None else HostLink()
+        # vLLM's scheduler_reserve_full_isl (its default: on; ours off until decided): a waiting
+        # request is admitted only if its whole sequence fits (PrefixCache.whole_sequence_fits).
+        self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.records: dict[str, RequestRecord] = {}
         self.arrivals = Arrivals()
         self.waiting: deque[Request] = deque()
@@ -315,6 +319,8 @@ class Engine:
             # vLLM's async load: the admission reserves only the hit (the loaded blocks); the
             # chunk is allocated at the request's first step after the load, as any running one.
             loads_later = match.host_tokens > 0 and not self.cache.load_overlapped
+            if self.scheduler_reserve_full_isl and not self.cache.whole_sequence_fits(req, match):
+                break
             if not self._allocate(req, 0 if loads_later else n, match):
                 break
             rec = self.records[req.request_id]

@@ -9,6 +9,7 @@ SUITES = [
     "tests/test_hashchain_fidelity_cases.py",
     "tests/test_hashchain_offload.py",
     "tests/test_engine_tiers.py",
+    "tests/test_engine_admission_gate.py",
 ]
 
 T = "backends/hashchain/offload/tier.py"
@@ -62,6 +63,16 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "backends/hashchain/kv_cache_manager.py",
         "            self.hasher.units_per_block > 1\n            or self.coordinator",
         "            False\n            or self.coordinator",
+    ),
+    "fidelity: scheduler_reserve_full_isl admits a request whose whole sequence does not fit": (
+        "prefixcache/engine.py",
+        "            if self.scheduler_reserve_full_isl and not self.cache.whole_sequence_fits(req, match):",
+        "            if False:",
+    ),
+    "fidelity: the whole-sequence gate counts no free hit block (vLLM touches them out of the queue)": (
+        "backends/hashchain/single_type_kv_cache_manager.py",
+        "        return num_new + sum(1 for b in kept if b.ref_cnt == 0 and not b.is_null)",
+        "        return num_new",
     ),
     "fidelity: a finished load caches its blocks and the reserved ones in one BlockStored": (
         T,

@@ -288,6 +288,21 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             self._prefill_end[req.request_id] = req.num_tokens
         return self.manager.get_blocks(req.request_id)
 
+    def whole_sequence_fits(self, req: Request, match: Match) -> bool:
+        """vLLM 0.33 ``KVCacheManager.allocate_slots(full_sequence_must_fit=True)``: blocks for
+        ``req.num_tokens`` beyond the GPU hit, plus the hit blocks a touch takes out of the free
+        queue, against the free blocks (watermark 0, vLLM's default). One full-attention group
+        only: vLLM caps a window group's count (``max_admission_blocks_per_request``)."""
+        if [g.kind for g in self.attention_groups] != ["full"]:
+            raise NotImplementedError(
+                "the whole-sequence admission gate is modelled for one full-attention group"
+            )
+        m = cast(BlockMatch, self._current(req, match))
+        needed = self.manager.coordinator.get_num_blocks_to_allocate(
+            req.request_id, req.num_tokens, m.blocks, m.tokens
+        )
+        return needed <= self.block_pool.get_num_free_blocks()
+
     def _extend(self, req: Request, state: KVCacheBlocks, total_tokens: int) -> bool:
         num_new_tokens = total_tokens - req.num_computed_tokens
         if num_new_tokens <= 0:
