@@ -112,8 +112,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: a decode stretch while the pool must evict for it": (
         "backends/radix/backend.py",
-        "if self._shortfall(demand) > 0 or",
-        "if False or",
+        "        return self.pool.num_free > 0 and not self.pool.would_merge(0, 1)\n",
+        "        return not self.pool.would_merge(0, 1)\n",
     ),
     "hashchain: a ranked eviction policy may evict a block in use": (
         "backends/hashchain/eviction.py",
