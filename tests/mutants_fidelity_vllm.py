@@ -10,6 +10,7 @@ SUITES = [
     "tests/test_hashchain_offload.py",
     "tests/test_engine_tiers.py",
     "tests/test_engine_admission_gate.py",
+    "tests/test_stateful_offload_hashchain.py",  # catches cases 1-3 on its own as well
 ]
 
 T = "backends/hashchain/offload/tier.py"
@@ -79,5 +80,15 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        self.manager.cache_blocks(req, num_loaded_tokens)\n        reserved =",
         "        self.manager.cache_blocks(req, max(num_loaded_tokens, min(self.cache.reserved_tokens(req), "
         "req.num_tokens)))\n        reserved =",
+    ),
+    "fidelity: a finished load caches nothing (the loaded blocks wait for the computed ones)": (
+        T,
+        "        self.manager.cache_blocks(req, num_loaded_tokens)\n        reserved =",
+        "        reserved =",
+    ),
+    "fidelity: a host load is never pending (its acknowledgement not observable)": (
+        "backends/hashchain/backend.py",
+        "        return self.offload is not None and self.is_live(req) and self.offload.load_pending(req)\n",
+        "        return False\n",
     ),
 }
