@@ -80,6 +80,7 @@ class Engine:
         multi_step: bool = True,
         host_link: HostLink | None = None,
         time_cache_ops: bool = False,
+        scheduler_reserve_full_isl: bool = False,
     ) -> None:
         """time_cache_ops: measure the wall time of every cache call into its request's
         ``RequestRecord.cache_op_ns`` (a measurement for benchmarks: two clock reads a call);
@@ -101,6 +102,9 @@ class Engine:
         self.multi_step = multi_step
         self.host_link = host_link if host_link is not None else HostLink()
         self.time_cache_ops = time_cache_ops
+        # vLLM's scheduler_reserve_full_isl (its default: on; ours off until decided): a waiting
+        # request is admitted only if its whole sequence fits (PrefixCache.whole_sequence_fits).
+        self.scheduler_reserve_full_isl = scheduler_reserve_full_isl
         self.records: dict[str, RequestRecord] = {}
         self.arrivals = Arrivals()
         self.waiting: deque[Request] = deque()
@@ -320,6 +324,8 @@ class Engine:
             # vLLM's async load: the admission reserves only the hit (the loaded blocks); the
             # chunk is allocated at the request's first step after the load, as any running one.
             loads_later = match.host_tokens > 0 and not self.cache.load_overlapped
+            if self.scheduler_reserve_full_isl and not self.cache.whole_sequence_fits(req, match):
+                break
             if not self._allocate(req, 0 if loads_later else n, match):
                 break
             rec = self.records[req.request_id]

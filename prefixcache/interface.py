@@ -585,6 +585,13 @@ class PrefixCache(ABC, Generic[S]):
         boundaries, because a recurrent state is cached only where a chunk ends."""
         return num_new_tokens
 
+    def whole_sequence_fits(self, req: Request, match: Match) -> bool:
+        """Whether the pages ``req``'s whole sequence (``req.num_tokens``) needs beyond ``match``
+        are free now: vLLM's admission gate under ``scheduler_reserve_full_isl`` (an engine
+        option). Pure. Default: NotImplementedError, for a backend that does not model it."""
+        name = type(self).__name__
+        raise NotImplementedError(f"{name} does not model vLLM's whole-sequence admission gate")
+
     def memory_in_use(self) -> int:
         """Memory pinned by running requests, in layer-token units (``CacheConfig
         .layer_token_budget``): what they keep from everyone else. Default: the in-use pages of

@@ -26,7 +26,8 @@ SUITES = [
     "tests/test_engine.py::test_decode_stretch_stops_where_a_request_arrives",
 ]
 
-# name -> (file, original text, mutated text); every occurrence of the text is mutated
+# name -> (file, original text, mutated text); the original text occurs exactly once (checked by
+# `python -m tests.mutants --check-texts` and tests/test_mutants.py)
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "hashchain: no n-1 cap": (
         "backends/hashchain/kv_cache_manager.py",
@@ -116,8 +117,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: a decode stretch while the pool must evict for it": (
         "backends/radix/backend.py",
-        "if self._shortfall(demand) > 0 or",
-        "if False or",
+        "        return self.pool.num_free > 0 and not self.pool.would_merge(0, 1)\n",
+        "        return not self.pool.would_merge(0, 1)\n",
     ),
     "hashchain: a ranked eviction policy may evict a block in use": (
         "backends/hashchain/eviction.py",
@@ -196,24 +197,52 @@ def run_suites(suites: list[str]) -> bool:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True).returncode == 0
 
 
+def why_stale(rel: str, original: str, mutated: str) -> str | None:
+    """Why a mutant cannot be applied to its source as it is now (None: it can): its text must
+    occur exactly once (a text that moved would otherwise be counted as not caught, or mutate
+    a second place) and the mutated source must parse (one that cannot even import would be
+    "caught" for nothing)."""
+    source = (ROOT / rel).read_text()
+    count = source.count(original)
+    if count != 1:
+        return f"ORIGINAL TEXT FOUND {count} TIMES in {rel} (must be once); update the mutant"
+    try:
+        compile(source.replace(original, mutated), rel, "exec")
+    except SyntaxError as e:
+        return f"THE MUTATED SOURCE DOES NOT PARSE ({e}); update the mutant"
+    return None
+
+
+def stale_mutants() -> dict[str, str]:
+    """name -> why, for every mutant that cannot be applied (``--check-texts``; no test runs)."""
+    out = {}
+    for name, (rel, original, mutated, _) in all_mutants().items():
+        why = why_stale(rel, original, mutated)
+        if why is not None:
+            out[name] = why
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.mutants [SUBSTRING]``: every mutant, or those whose name contains it."""
+    """``python -m tests.mutants [SUBSTRING]``: every mutant, or those whose name contains it.
+    ``python -m tests.mutants --check-texts``: only check that every mutant applies."""
     only = (sys.argv[1:] if argv is None else argv) or [""]
+    if only[0] == "--check-texts":
+        stale = stale_mutants()
+        for name, why in stale.items():
+            print(f"{name}: {why}")
+        print(f"{len(all_mutants()) - len(stale)} of {len(all_mutants())} mutants apply")
+        return 1 if stale else 0
     mutants = {k: v for k, v in all_mutants().items() if only[0] in k}
     survivors = []
     for name, (rel, original, mutated, suites) in mutants.items():
+        why = why_stale(rel, original, mutated)
+        if why is not None:
+            print(f"{name}: {why}")
+            survivors.append(name)
+            continue
         path = ROOT / rel
         source = path.read_text()
-        if original not in source:
-            print(f"{name}: ORIGINAL TEXT NOT FOUND in {rel}; update the mutant")
-            survivors.append(name)
-            continue
-        try:
-            compile(source.replace(original, mutated), rel, "exec")
-        except SyntaxError as e:  # a mutant that cannot even import would be "caught" for nothing
-            print(f"{name}: THE MUTATED SOURCE DOES NOT PARSE ({e}); update the mutant")
-            survivors.append(name)
-            continue
         try:
             path.write_text(source.replace(original, mutated))
             caught = not run_suites(suites)

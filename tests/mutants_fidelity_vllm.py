@@ -1,7 +1,7 @@
 """Mutants of issue 33's vLLM-fidelity fixes in the hashchain host tier (same shape as
 tests/mutants.py): each undoes one fix; the suites in SUITES must fail under it (checked by
-hand, in a copy of the repo). Case 4 (partial-tail KV events) has no mutant yet: it is not
-modelled (its test is a strict xfail)."""
+hand, in a copy of the repo). Case 4's (partial-tail keys at a prefix_match_unit below the block
+size) undo it in backends/hashchain/."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ SUITES = [
     "tests/test_hashchain_fidelity_cases.py",
     "tests/test_hashchain_offload.py",
     "tests/test_engine_tiers.py",
+    "tests/test_engine_admission_gate.py",
+    "tests/test_stateful_offload_hashchain.py",  # catches cases 1-3 on its own as well
 ]
 
 T = "backends/hashchain/offload/tier.py"
 C = "backends/hashchain/offload/connector.py"
+P = "backends/hashchain/block_pool.py"
 # name -> (file, original text, mutated text); the original text occurs exactly once
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "fidelity: an async host load's admission reserves the whole prompt (not the loaded blocks)": (
@@ -41,10 +44,51 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "            self._build_store_job(status, end, finished=True)\n"
         "            status.finished_signaled = True\n",
     ),
+    "fidelity: no partial-tail key at a prefix_match_unit below the block size (case 4)": (
+        "backends/hashchain/single_type_kv_cache_manager.py",
+        "        if hashes.units_per_block > 1:  # vLLM: on every call",
+        "        if False:  # vLLM: on every call",
+    ),
+    "fidelity: an evicted block's partial-tail key leaves the map without its BlockRemoved (case 4)": (
+        P,
+        "        keys = self._keys_of(block)  # vLLM 0.33: BlockRemoved for its hash, then its further"
+        " keys\n",
+        "        keys = [key]\n",
+    ),
+    "fidelity: a reused block's partial-tail key leaves the map without its BlockRemoved (case 4)": (
+        P,
+        "self._emit_block_removed([key for b in blocks for key in self._keys_of(b)])",
+        "self._emit_block_removed([b.block_hash for b in blocks if b.block_hash is not None])",
+    ),
+    "fidelity: a partial tail evicted in use is not keyed again (cache_blocks gated, case 4)": (
+        "backends/hashchain/kv_cache_manager.py",
+        "            self.hasher.units_per_block > 1\n            or self.coordinator",
+        "            False\n            or self.coordinator",
+    ),
+    "fidelity: scheduler_reserve_full_isl admits a request whose whole sequence does not fit": (
+        "prefixcache/engine.py",
+        "            if self.scheduler_reserve_full_isl and not self.cache.whole_sequence_fits(req, match):",
+        "            if False:",
+    ),
+    "fidelity: the whole-sequence gate counts no free hit block (vLLM touches them out of the queue)": (
+        "backends/hashchain/single_type_kv_cache_manager.py",
+        "        return num_new + sum(1 for b in kept if b.ref_cnt == 0 and not b.is_null)",
+        "        return num_new",
+    ),
     "fidelity: a finished load caches its blocks and the reserved ones in one BlockStored": (
         T,
         "        self.manager.cache_blocks(req, num_loaded_tokens)\n        reserved =",
         "        self.manager.cache_blocks(req, max(num_loaded_tokens, min(self.cache.reserved_tokens(req), "
         "req.num_tokens)))\n        reserved =",
+    ),
+    "fidelity: a finished load caches nothing (the loaded blocks wait for the computed ones)": (
+        T,
+        "        self.manager.cache_blocks(req, num_loaded_tokens)\n        reserved =",
+        "        reserved =",
+    ),
+    "fidelity: a host load is never pending (its acknowledgement not observable)": (
+        "backends/hashchain/backend.py",
+        "        return self.offload is not None and self.is_live(req) and self.offload.load_pending(req)\n",
+        "        return False\n",
     ),
 }

@@ -13,13 +13,13 @@ SUITES = [
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "kv events hashchain: no BlockRemoved when a cached block is reused (lazy eviction)": (
         "backends/hashchain/block_pool.py",
-        "self._emit_block_removed([b.block_hash for b in blocks if b.block_hash is not None])",
+        "self._emit_block_removed([key for b in blocks for key in self._keys_of(b)])",
         "pass",
     ),
     "kv events hashchain: no BlockRemoved when a hash is dropped one by one (LRU / ranked evict)": (
         "backends/hashchain/block_pool.py",
-        "        if self.enable_kv_cache_events:\n            self._emit_block_removed((key,))",
-        "        if False:\n            self._emit_block_removed((key,))",
+        "        if self.enable_kv_cache_events:\n            self._emit_block_removed(keys)",
+        "        if False:\n            self._emit_block_removed(keys)",
     ),
     "kv events hashchain: the parent is the first new block's hash, not the one before it": (
         "backends/hashchain/block_pool.py",

@@ -19,7 +19,7 @@ MUTANTS = {
     ),
     "roofline: the projections charged their FLOPs only (a memory-bound decode made cheap)": (
         "prefixcache/roofline.py",
-        "        linear = max(w.linear_flops / peak, w.weight_bytes / bw)",
+        "        linear = larger(w.linear_flops / peak, w.weight_bytes / bw)",
         "        linear = w.linear_flops / peak",
     ),
     "engine: a decode stretch charges every step the first step's context": (

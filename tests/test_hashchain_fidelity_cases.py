@@ -151,11 +151,6 @@ def _replay_events(scenario: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not yet modelled: FullAttentionManager._cache_partial_tail_block's partial entries "
-    "(a block's second hash key, removed with it) in backends/hashchain/block_pool.py",
-)
 def test_partial_tail_event_at_match_unit(vllm_hash_seed: None) -> None:
     """vLLM 0.33.0 ``v1/core/single_type_kv_cache_manager.py``
     ``FullAttentionManager._cache_partial_tail_block`` and ``v1/core/block_pool.py``
@@ -215,3 +210,56 @@ def test_async_load_admission_hook_takes_only_the_loaded_blocks() -> None:
     state = cache._admit(big, 0, m)
     assert state is not None and len(state[0]) == 4
     assert cache.usage().evictable == cached_before
+
+
+def test_partial_tail_evicted_in_use_is_keyed_again_as_the_blocks_hash(vllm_hash_seed: None) -> None:
+    """vLLM 0.33.0 ``BlockPool.cache_partial_block`` called by every ``cache_blocks``: a block
+    whose keys ``evict_blocks`` dropped while in use gets the partial key back at the next
+    allocation, now as its only hash (BlockStored, block_size = the unit), so its free puts it
+    at the free queue's tail, as a cached block. Numbers from the pinned code, driven as the
+    recorder drives it: [sliding window 8, full], block 4, unit 2, 12 blocks, prompt 1..7, one
+    decode (8), evict_blocks of every block the request holds, one decode (9), free."""
+    from prefixcache.experiments.upstream.kv_event_cases import event_json
+
+    from prefixcache import CacheConfig, Request, make_cache
+
+    cache = make_cache(
+        "hashchain", CacheConfig(12 * 4, 4), attention_groups=[("sliding_window", 8), ("full",)],
+        prefix_match_unit=2, prefix_cache_retention_interval=None, free_skipped_on_failure=True,
+        kv_events=True,
+    )  # fmt: skip
+    req = Request("a", list(range(1, 8)))
+
+    def step(tokens: int) -> list[tuple[str, int, list[int], list[int]]]:
+        if tokens > 7:
+            req.append_output_token_ids([tokens])
+            assert cache.allocate(req, 1)
+        else:
+            m = cache.lookup(req)
+            assert cache.allocate(req, 7, m)
+        req.num_computed_tokens = tokens
+        cache.commit(req)
+        cache.check_invariants()
+        return [(e["type"], e["group_idx"], e.get("token_ids"), e["block_hashes"])
+                for e in map(event_json, cache.take_events())]  # fmt: skip
+
+    assert [e[:3] for e in step(7)] == [("BlockStored", 0, [1, 2, 3, 4]), ("BlockStored", 1, [1, 2, 3, 4])]
+    decoded = step(8)
+    assert [e[:3] for e in decoded] == [
+        ("BlockStored", 0, [5, 6, 7, 8]), ("BlockStored", 1, [5, 6, 7, 8]), ("BlockStored", 1, [5, 6]),
+    ]  # fmt: skip
+    partial = decoded[2][3]
+    assert partial == [12976629201856393469]
+    held = {b for table in cache.page_tables(req) for b in table}
+    assert held == {1, 2, 3, 4}
+    cache.evict_blocks(held)
+    removed = [(e["group_idx"], e["block_hashes"]) for e in map(event_json, cache.take_events())]
+    assert removed == [
+        (0, [18066133607483025848]), (0, [1269044598831534363]),
+        (1, [18066133607483025848]), (1, [1269044598831534363]), (1, partial),
+    ]  # fmt: skip
+    assert step(9) == [("BlockStored", 1, [5, 6], partial)]
+    assert [list(t) for t in cache.page_tables(req)] == [[1, 2, 5], [3, 4, 6]]
+    cache.release(req)
+    free = [b.block_id for b in cache.block_pool.free_block_queue.get_all_free_blocks()]
+    assert free == [6, 3, 5, 2, 1, 7, 8, 9, 10, 11, 4]

@@ -13,27 +13,43 @@ store before its source blocks are reused). After every rule:
 * every live request's computed positions hold its own KV, and a hit served partly from the
   host hands back exactly that prefix's KV (loaded pages included), also for a match taken
   rules before its allocate.
+
+Issue 33's interleavings, as vLLM 0.33's scheduler makes them:
+
+* async host loads (``admit_loading_later``): a host hit admitted with ``allocate(req, 0, m)``
+  holds exactly the GPU hit's and the loaded blocks, computes nothing while
+  ``host_load_pending`` (1 + ``host_ack_delay`` step boundaries, while the other rules run on),
+  then allocates its first chunk (``first_chunk_after_load``) and reads the loaded KV;
+* finish order (``finish_several_in_one_step``): at every step boundary (``_advance``) the
+  finish callbacks are exactly the requests released in the step before, in release order,
+  and come after every store of the step (vLLM ``_build_connector_meta``);
+* KV events (``OffloadLifecycleEvents``): a finished load's blocks are one BlockStored of their
+  own, the blocks after them (reserved at admission, or computed) the next, whose parent is
+  the last loaded block's hash; replayed into a multiset and Dynamo's ``BlockIndex`` after
+  every rule, the events equal the cache's hash map.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter, defaultdict
+from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, multiple, precondition, rule
+from hypothesis.stateful import consumes, initialize, invariant, multiple, precondition, rule
 
 from prefixcache import CacheConfig, Request, make_cache
 from prefixcache.tiers import HostTierConfig
 from tests.stateful_admission import AdmissionRules
+from tests.stateful_tier_loads import Loading, TierLoadEvents
 from tests.strategies import NAMESPACES
 from tests.test_stateful import VOCAB, ShadowKV
 
-STEPS: dict[str, int] = {}
-HOST_HITS: dict[str, int] = {}
+SEEN: defaultdict[str, Counter[str]] = defaultdict(Counter)  # per machine: what its runs exercised
 
 
-class OffloadLifecycle(AdmissionRules):
+class OffloadLifecycle(AdmissionRules, TierLoadEvents):
     page_size = 4
     capacity_pages = 14
     chunk = 8  # two GPU blocks per chunk
@@ -49,8 +65,19 @@ class OffloadLifecycle(AdmissionRules):
         tier = HostTierConfig(
             capacity_tokens=self.host_chunks * self.chunk, block_size=self.chunk, eviction_policy=self.policy
         )
-        self.cache = make_cache("hashchain", config, host_tier=tier, host_ack_delay=self.ack_delay)
-        self.cache.offload.connector.worker = self._transfer
+        self.cache = make_cache(
+            "hashchain", config, host_tier=tier, host_ack_delay=self.ack_delay, kv_events=self.kv_events
+        )
+        connector = self.cache.offload.connector
+        connector.worker = self._transfer
+        # The CPU manager's protocol calls within one step boundary: ("store" | "finish", req id)
+        self.manager_calls: list[tuple[str, str]] = []
+        for name, method in (("store", "prepare_store"), ("finish", "on_request_finished")):
+            setattr(connector.manager, method, self._spy(name, getattr(connector.manager, method)))
+        self.released_now: list[str] = []  # released since the last step boundary
+        self.released_prev: list[str] = []  # released in the step before: finished at the next
+        self.loading: dict[str, Loading] = {}
+        self._start_events()
         self.shadow = ShadowKV(self.page_size)
         self.host: dict[tuple[int, int], tuple] = {}  # (chunk id, block in chunk) -> its KV
         self.released: dict[str, dict[int, tuple]] = {}  # rid -> its blocks' KV at release
@@ -58,6 +85,13 @@ class OffloadLifecycle(AdmissionRules):
         self.corpus: list[tuple[tuple[int, ...], tuple]] = []  # (tokens, namespace)
         self.served: list[tuple[tuple[int, ...], tuple]] = []  # what released requests computed
         self.counter = 0
+
+    def _spy(self, name: str, method: Any) -> Any:
+        def call(*args: Any) -> Any:
+            self.manager_calls.append((name, args[-1].req_id))  # the ReqContext is the last argument
+            return method(*args)
+
+        return call
 
     # ------------------------------------------------------------ the worker
     def _block(self, block_id: int) -> tuple:
@@ -100,7 +134,13 @@ class OffloadLifecycle(AdmissionRules):
         self.counter += 1
         return Request(f"r{self.counter}", tokens, cache_salt=ns[0], lora_name=ns[1])
 
-    def _admit(self, req: Request, match, chunk: int, what: str):  # type: ignore[no-untyped-def]
+    def _admit(  # type: ignore[no-untyped-def]
+        self, req: Request, match, chunk: int, what: str, waits: bool = False, reserves_chunk: bool = False
+    ):
+        """Admit ``req`` and compute its first chunk, or, with ``waits`` and a host hit that
+        loads asynchronously, only load it (``allocate(req, 0, m)``, vLLM's scheduler; with
+        ``reserves_chunk`` the chunk is reserved now too) and leave it to
+        ``first_chunk_after_load``."""
         current = self.cache.revalidate(match)
         if current.pending:
             with pytest.raises(ValueError, match="pending"):
@@ -111,23 +151,74 @@ class OffloadLifecycle(AdmissionRules):
         n = min(chunk, req.num_tokens - hit)
         if -(-(hit + n) // self.page_size) > self.capacity_pages - 1:
             return multiple()
+        waits = waits and current.host_tokens > 0 and not self.cache.load_overlapped
         before = self._snapshot()
-        if not self.cache.allocate(req, n, current):
+        if not self.cache.allocate(req, 0 if waits and not reserves_chunk else n, current):
             assert self._snapshot() == before, "a failed allocate changed the cache"
             return multiple(req)
         assert req.num_computed_tokens == hit
         assert self.cache.loaded_tokens(req) == current.host_tokens
         if current.host_tokens:
-            HOST_HITS[self.name] = HOST_HITS.get(self.name, 0) + 1
+            SEEN[self.name]["host hits"] += 1
         self.shadow.check(self.cache, req, hit, f"{what} (host part {current.host_tokens})")
-        self._compute(req, n)
         self.live_reqs[req.request_id] = req
+        if waits:
+            self._wait_for_load(req, current, n, reserves_chunk)
+        else:
+            self._compute(req, n)
         return multiple()
 
-    @precondition(lambda self: self.live_reqs)
+    def _wait_for_load(self, req: Request, match: Any, chunk: int, reserved: bool) -> None:
+        load_end = match.tokens + match.external_tokens
+        if not reserved:  # vLLM allocate_slots(num_new_tokens=0, num_external_computed_tokens)
+            assert len(self.cache.page_table(req)) == -(-load_end // self.page_size), (
+                f"{req.request_id}: an async load's admission took blocks past the GPU hit and the "
+                f"loaded ones ({match.tokens} + {match.external_tokens} tokens)"
+            )
+        assert self.cache.host_load_pending(req), f"{req.request_id}: its load was acknowledged at admission"
+        self.loading[req.request_id] = Loading(
+            req, match.tokens, load_end, chunk, reserved, 1 + self.ack_delay
+        )
+
+    @rule(
+        target=AdmissionRules.waiting,
+        req=consumes(AdmissionRules.waiting),
+        chunk=st.integers(1, 16),
+        reserves_chunk=st.booleans(),
+    )
+    def admit_loading_later(self, req: Request, chunk: int, reserves_chunk: bool):  # type: ignore[no-untyped-def]
+        """vLLM's admission of a request whose host hit loads asynchronously (a plain admission
+        when there is no host hit)."""
+        return self._admit(req, self.cache.lookup(req), chunk, "hit loaded later", True, reserves_chunk)
+
+    @precondition(lambda self: any(w.steps_left == 0 for w in self.loading.values()))
+    @rule(data=st.data())
+    def first_chunk_after_load(self, data: st.DataObject) -> None:
+        """The request's first step once its load is acknowledged (any step from then on: the
+        other rules run meanwhile): its first chunk is allocated and computed after the loaded
+        KV. (One that reserved its chunk at admission computes it in the step its load is
+        acknowledged, ``_advance``: its reserved blocks are published then, as vLLM publishes
+        the blocks of the tokens it schedules.)"""
+        ready = sorted(r for r, w in self.loading.items() if not w.steps_left)
+        self._first_chunk(self.loading[data.draw(st.sampled_from(ready))])
+
+    def _first_chunk(self, w: Loading) -> None:
+        req, hit = w.req, w.req.num_computed_tokens
+        self.shadow.check(self.cache, req, hit, "the loaded KV at its first step")
+        before = self._snapshot()
+        if not self.cache.allocate(req, w.chunk):
+            assert self._snapshot() == before, "a failed allocate changed the cache"
+            return
+        self._compute(req, w.chunk)
+        del self.loading[req.request_id]
+        SEEN[self.name]["first chunks after a load"] += 1
+        self._check_first_chunk_events(w, hit)
+
+    @precondition(lambda self: len(self.live_reqs) > len(self.loading))
     @rule(data=st.data(), chunk=st.integers(1, 16))
     def step(self, data: st.DataObject, chunk: int) -> None:
-        req = self.live_reqs[data.draw(st.sampled_from(sorted(self.live_reqs)))]
+        """A running request's next chunk or decode token (a loading one computes nothing)."""
+        req = self.live_reqs[data.draw(st.sampled_from(sorted(self.live_reqs.keys() - self.loading.keys())))]
         if req.num_computed_tokens == req.num_tokens:
             req.append_output_token_ids(self.rng.randrange(VOCAB))
             chunk = 1
@@ -149,11 +240,17 @@ class OffloadLifecycle(AdmissionRules):
         self.counter += 1
         return Request(f"r{self.counter}", tokens[-44:], cache_salt=ns[0], lora_name=ns[1])
 
-    @rule(target=AdmissionRules.waiting, length=st.integers(9, 40), chunk=st.integers(1, 32))
-    def serve_again(self, length: int, chunk: int):  # type: ignore[no-untyped-def]
+    @rule(
+        target=AdmissionRules.waiting,
+        length=st.integers(9, 40),
+        chunk=st.integers(1, 32),
+        waits=st.booleans(),
+        reserves_chunk=st.booleans(),
+    )
+    def serve_again(self, length: int, chunk: int, waits: bool, reserves_chunk: bool):  # type: ignore[no-untyped-def]
         """A conversation's next turn: a request computes its prompt and finishes, its stores are
         acknowledged, the device's copy is evicted, then the repeat (most often served from
-        the host) is admitted."""
+        the host) is admitted, computing at once or, with ``waits``, once its load is done."""
         base, ns = (
             self.rng.choice(self.served) if self.served and self.rng.random() < 0.5 else ((), (None, None))
         )
@@ -169,19 +266,69 @@ class OffloadLifecycle(AdmissionRules):
         self.live_reqs[first.request_id] = first
         self.release_request(first, preempt=False)
         for _ in range(3 + self.ack_delay):
-            self.cache.advance_transfers()
+            self._advance()
         self.evict(10**6)
         self.counter += 1
         again = Request(
             f"r{self.counter}", (*tokens, self.rng.randrange(VOCAB)), cache_salt=ns[0], lora_name=ns[1]
         )
-        return self._admit(again, self.cache.lookup(again), chunk, "next turn")
+        return self._admit(again, self.cache.lookup(again), chunk, "next turn", waits, reserves_chunk)
 
     @rule(steps=st.integers(1, 3))
     def advance(self, steps: int) -> None:
         """Engine step boundaries: stores are built and submitted, transfers acknowledged."""
         for _ in range(steps):
-            self.cache.advance_transfers()
+            self._advance()
+
+    def _advance(self) -> None:
+        """One step boundary, checked as vLLM's ``build_connector_meta`` and
+        ``update_connector_output`` order it: the requests released in the step before get
+        their finish callback once, in release order, after every store of the step (so a
+        recency commit cannot reorder the next request's store evictions); each async load is
+        acknowledged exactly 1 + ack_delay boundaries after its admission, and then (events
+        on) caches its blocks as their own BlockStored."""
+        self._take_events()  # what the rule did before the boundary
+        self.manager_calls.clear()
+        self.cache.advance_transfers()
+        finishing, self.released_prev, self.released_now = self.released_prev, self.released_now, []
+        finished = [rid for call, rid in self.manager_calls if call == "finish"]
+        assert finished == finishing, (
+            f"finish callbacks {finished}, expected {finishing} (released the step before)"
+        )
+        calls = [call for call, _ in self.manager_calls]
+        assert "store" not in calls[calls.index("finish") :] if finished else True, (
+            f"a store made after a finish callback in one step: {self.manager_calls}"
+        )
+        if len(finished) > 1:
+            SEEN[self.name]["steps finishing several"] += 1
+        events = self._take_events()
+        acknowledged = []
+        for w in self.loading.values():
+            if not w.steps_left:
+                continue
+            w.steps_left -= 1
+            assert self.cache.host_load_pending(w.req) == (w.steps_left > 0), (
+                f"{w.req.request_id}: load pending={self.cache.host_load_pending(w.req)} with "
+                f"{w.steps_left} step boundaries to its acknowledgement"
+            )
+            if not w.steps_left:
+                acknowledged.append(w)
+                self._check_load_events(w, events)
+        for w in acknowledged:
+            if w.reserved:
+                self._first_chunk(w)
+
+    @precondition(lambda self: len(self.live_reqs) >= 2)
+    @rule(data=st.data())
+    def finish_several_in_one_step(self, data: st.DataObject) -> None:
+        """Several requests finish in one step (loading ones too: vLLM aborts a request waiting
+        for its KV); the next boundary ends that step, the one after builds their final stores
+        and then, all stores made, their finish callbacks (checked in ``_advance``)."""
+        rids = data.draw(st.lists(st.sampled_from(sorted(self.live_reqs)), min_size=2, unique=True))
+        for rid in rids:
+            self.release_request(self.live_reqs[rid], preempt=False)
+        self._advance()
+        self._advance()
 
     @precondition(lambda self: self.live_reqs)
     @rule(target=AdmissionRules.waiting, data=st.data(), preempt=st.booleans())
@@ -192,6 +339,8 @@ class OffloadLifecycle(AdmissionRules):
 
     def release_request(self, req: Request, preempt: bool):  # type: ignore[no-untyped-def]
         del self.live_reqs[req.request_id]
+        self.loading.pop(req.request_id, None)
+        self.released_now.append(req.request_id)
         self.released[req.request_id] = {b: self._block(b) for b in self.cache.page_table(req)}
         self.cache.release(req)
         entry = (tuple(req.all_token_ids[: req.num_computed_tokens]), (req.cache_salt, req.lora_name))
@@ -218,15 +367,18 @@ class OffloadLifecycle(AdmissionRules):
     def reset(self) -> None:
         if self.cache.reset():
             assert tuple(self.cache.host_usage()) == (self.host_chunks, 0, 0)
+            self.released_now.clear()  # the connector's request states are dropped with it
+            self.released_prev.clear()
 
     @invariant()
     def consistent(self) -> None:
         if not hasattr(self, "cache"):
             return
-        STEPS[self.name] = STEPS.get(self.name, 0) + 1
+        SEEN[self.name]["steps"] += 1
         self.cache.check_invariants()
         for req in self.live_reqs.values():
             self.shadow.check(self.cache, req, req.num_computed_tokens, "live request")
+        self._check_events_agree()
 
 
 class OffloadLifecycleARC(OffloadLifecycle):
@@ -240,11 +392,19 @@ class OffloadLifecycleSlowAcks(OffloadLifecycle):
     name = "lru_ack2"
 
 
-@pytest.mark.parametrize("machine", [OffloadLifecycle, OffloadLifecycleARC, OffloadLifecycleSlowAcks])
+class OffloadLifecycleEvents(OffloadLifecycle):
+    ack_delay = 1
+    kv_events = True
+    name = "lru_ack1_events"
+
+
+MACHINES = [OffloadLifecycle, OffloadLifecycleARC, OffloadLifecycleSlowAcks, OffloadLifecycleEvents]
+
+
+@pytest.mark.parametrize("machine", MACHINES)
 def test_host_tier_lifecycle_keeps_both_tiers_consistent_and_never_corrupts_kv(machine: type) -> None:
-    STEPS.pop(machine.name, None)
-    HOST_HITS.pop(machine.name, None)
+    seen = SEEN[machine.name] = Counter()
     machine.TestCase().runTest()
-    assert HOST_HITS.get(machine.name, 0) > 0, "no hit was served from the host: the machine proved nothing"
-    steps, hits = STEPS[machine.name], HOST_HITS[machine.name]
-    print(f"stateful steps run: host tier {machine.name} steps={steps} host hits={hits}")
+    for what in ("host hits", "first chunks after a load", "steps finishing several"):
+        assert seen[what] > 0, f"no {what}: the machine proved nothing of it"
+    print(f"stateful steps run: host tier {machine.name} " + " ".join(f"{k}={v}" for k, v in seen.items()))

@@ -194,9 +194,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 "vLLM's partial hits, which are not supported"
             )
         if use_eagle is True and self.hash_block_size != block_size:
-            # vLLM 0.33 then also hashes the prompt's tail block at a sub-block boundary
-            # (FullAttentionManager._cache_partial_tail_block, up to the whole prompt with
-            # EAGLE), which changes the free queue and block ids; we do not model it.
+            # vLLM 0.33's partial tail then reaches the whole prompt and EAGLE caches one block
+            # past the aligned boundary (get_num_cacheable_tokens); we model neither.
             raise ValueError("use_eagle with a prefix_match_unit below the block size is not supported")
         if use_eagle is True and host_tier is not None:
             # Not recorded against vLLM: the connector's external hit beside the EAGLE drop.
@@ -288,6 +287,21 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         if self._prefill_end is not None:
             self._prefill_end[req.request_id] = req.num_tokens
         return self.manager.get_blocks(req.request_id)
+
+    def whole_sequence_fits(self, req: Request, match: Match) -> bool:
+        """vLLM 0.33 ``KVCacheManager.allocate_slots(full_sequence_must_fit=True)``: blocks for
+        ``req.num_tokens`` beyond the GPU hit, plus the hit blocks a touch takes out of the free
+        queue, against the free blocks (watermark 0, vLLM's default). One full-attention group
+        only: vLLM caps a window group's count (``max_admission_blocks_per_request``)."""
+        if [g.kind for g in self.attention_groups] != ["full"]:
+            raise NotImplementedError(
+                "the whole-sequence admission gate is modelled for one full-attention group"
+            )
+        m = cast(BlockMatch, self._current(req, match))
+        needed = self.manager.coordinator.get_num_blocks_to_allocate(
+            req.request_id, req.num_tokens, m.blocks, m.tokens
+        )
+        return needed <= self.block_pool.get_num_free_blocks()
 
     def _extend(self, req: Request, state: KVCacheBlocks, total_tokens: int) -> bool:
         num_new_tokens = total_tokens - req.num_computed_tokens

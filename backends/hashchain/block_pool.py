@@ -5,9 +5,10 @@ hit after its last user frees it (it then sits in the free queue) until it is po
 eviction is lazy.
 
 KV events (vLLM's ``enable_kv_cache_events``): with ``enable_kv_cache_events`` set, the pool
-queues ``BlockStored`` when ``cache_full_blocks`` registers blocks, ``BlockRemoved`` (one per
-hash) whenever a hash leaves the map (lazy eviction at reuse, ``evict_blocks``, our LRU and
-ranked evictions), and ``AllBlocksCleared`` on a successful reset; ``take_events`` drains them.
+queues ``BlockStored`` when ``cache_full_blocks`` registers blocks (and ``cache_partial_block`` a
+partial tail), ``BlockRemoved`` (one per hash) whenever a hash leaves the map (lazy eviction at
+reuse, ``evict_blocks``, our LRU and ranked evictions), and ``AllBlocksCleared`` on a successful
+reset; ``take_events`` drains them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.eviction import RankedEviction
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, LazyBlocks
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
-from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId, generate_block_hash_extra_keys
+from prefixcache.backends.hashchain.hashing import (
+    BlockHash,
+    BlockHashWithGroupId,
+    generate_block_hash_extra_keys,
+)
 
 from prefixcache.eviction import LEAF_LRU, make_policy
 from prefixcache.interface import ensure
@@ -83,6 +88,9 @@ class BlockPool:
         self.blocks = LazyBlocks(num_gpu_blocks, block_size)
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # A cached block's keys beyond its own hash (partial tails, cache_partial_block), each also
+        # in the map; they leave with the block's hash. vLLM keeps a set: we keep insertion order.
+        self.cached_block_hashes_by_block: dict[int, list[BlockHashWithGroupId]] = {}
         # The null block stands in for skipped blocks (sliding window); its ref_cnt is not kept.
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
@@ -182,6 +190,44 @@ class BlockPool:
         self.free_blocks([duplicate])
         return True
 
+    def cache_partial_block(
+        self, block: KVCacheBlock, key: BlockHashWithGroupId, parent: BlockHash | None, start: int, end: int
+    ) -> None:
+        """vLLM 0.33 ``cache_partial_block``: ``key``, the hash of the prefix ``[0, end)`` that
+        ends inside ``block``, names ``block`` too: as its hash if it has none, else as a further
+        key that leaves the map with the block's hash. Its ``BlockStored`` covers the last hash
+        unit ``[start, end)`` with ``parent`` the unit before it, unless the key was there.
+        (vLLM's case of a shorter key replaced by a longer one never arises here: a block holds
+        one request's single prompt boundary, or is full and keyed past it.)"""
+        if block.is_null:
+            return
+        further = self.cached_block_hashes_by_block.get(block.block_id, ())
+        if block.block_hash == key or key in further:
+            return
+        if self.enable_kv_cache_events and self.event_request is None:
+            raise ValueError("KV events are on: set BlockPool.event_request to the request being allocated")
+        if block.block_hash is None:  # its own hash was evicted while in use (evict_blocks)
+            if self.ranked is not None:
+                return  # ours: a ranked policy indexes full blocks only, so no partial block is cached
+            block.block_hash = key
+        else:
+            self.cached_block_hashes_by_block.setdefault(block.block_id, []).append(key)
+        self.cached_block_hash_to_block.insert(key, block)
+        if self.enable_kv_cache_events:
+            self._emit_partial_block_stored(key, parent, start, end)
+
+    def _keys_of(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
+        """Every key naming ``block``: its hash first, then its further keys; [] if uncached."""
+        if block.block_hash is None:
+            return []
+        return [block.block_hash, *self.cached_block_hashes_by_block.get(block.block_id, ())]
+
+    def _pop_further_keys(self, block: KVCacheBlock) -> None:
+        """Drop ``block``'s further keys from the map (its own hash is the caller's)."""
+        for key in self.cached_block_hashes_by_block.pop(block.block_id, ()):
+            popped = self.cached_block_hash_to_block.pop(key, block.block_id)
+            assert popped is block, f"block {block.block_id}'s partial key is not in the map"
+
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` from the head; a popped cached block loses its hash now."""
         if num_blocks > self.free_block_queue.num_free_blocks:
@@ -194,7 +240,10 @@ class BlockPool:
             blocks = self.free_block_queue.popleft_n(num_blocks)
         if self.num_cached_free_blocks:  # else no free block carries a hash
             if self.enable_kv_cache_events:
-                self._emit_block_removed([b.block_hash for b in blocks if b.block_hash is not None])
+                self._emit_block_removed([key for b in blocks for key in self._keys_of(b)])
+            if self.cached_block_hashes_by_block:
+                for block in blocks:
+                    self._pop_further_keys(block)
             evicted = self.cached_block_hash_to_block.evict_hashed(blocks)
             self.num_cached_free_blocks -= evicted
             self.num_evicted_blocks += evicted
@@ -332,6 +381,7 @@ class BlockPool:
         if self.get_num_free_blocks() != self.num_gpu_blocks - 1:
             return False
         self.cached_block_hash_to_block.clear()
+        self.cached_block_hashes_by_block.clear()
         for block in self.blocks.created():  # a block never used has no hash
             if self.ranked is not None and block.block_hash is not None:
                 self.ranked.uncached(block)
@@ -348,10 +398,12 @@ class BlockPool:
         key = block.block_hash
         if key is None:
             return False
+        keys = self._keys_of(block)  # vLLM 0.33: BlockRemoved for its hash, then its further keys
+        self._pop_further_keys(block)
         popped = self.cached_block_hash_to_block.pop(key, block.block_id)
         assert popped is block, f"block {block.block_id} has a hash but is not in the map"
         if self.enable_kv_cache_events:
-            self._emit_block_removed((key,))
+            self._emit_block_removed(keys)
         if self.ranked is not None:
             self.ranked.uncached(block)
         block.reset_hash()
@@ -393,6 +445,28 @@ class BlockPool:
             )
         )
 
+    def _emit_partial_block_stored(
+        self, key: BlockHashWithGroupId, parent: BlockHash | None, start: int, end: int
+    ) -> None:
+        """vLLM 0.33 ``cache_partial_block``'s event: one hash, block_size = the hash unit."""
+        from prefixcache.kv_events import MEDIUM_GPU, BlockStored
+
+        req = self.event_request
+        assert req is not None  # checked by cache_partial_block before any change
+        self.kv_event_queue.append(
+            BlockStored(
+                block_hashes=[self._external(key)],
+                parent_block_hash=self._external_hash(parent) if parent is not None else None,
+                token_ids=list(req.all_token_ids[start:end]),
+                block_size=end - start,
+                lora_id=None,  # our requests carry no LoRA adapter id
+                medium=MEDIUM_GPU,
+                lora_name=req.lora_name,
+                extra_keys=[_event_extra_keys(generate_block_hash_extra_keys(req, start, end))],
+                group_idx=int.from_bytes(key[-4:], "big"),
+            )
+        )
+
     def _emit_block_removed(self, keys: Iterable[BlockHashWithGroupId]) -> None:
         """vLLM 0.33 ``_emit_block_removed_events``: one ``BlockRemoved`` per hash."""
         from prefixcache.kv_events import MEDIUM_GPU, BlockRemoved
@@ -408,7 +482,9 @@ class BlockPool:
 
     def _external(self, key: BlockHashWithGroupId) -> bytes | int:
         """vLLM 0.33 ``maybe_convert_block_hash`` of the key's block hash (its group id cut off)."""
-        block_hash = key[:-4]
+        return self._external_hash(BlockHash(key[:-4]))
+
+    def _external_hash(self, block_hash: BlockHash) -> bytes | int:
         return int.from_bytes(block_hash[-8:], "big") if self.int_block_hashes else block_hash
 
     def take_events(self) -> list[Any]:
@@ -453,20 +529,28 @@ class BlockPool:
             self.null_block.prev_free_block is None and self.null_block.next_free_block is None,
             "null block linked",
         )
-        mapped: dict[int, BlockHashWithGroupId] = {}
+        mapped: dict[int, list[BlockHashWithGroupId]] = {}
         for key, block in self.cached_block_hash_to_block.items():
-            ensure(block.block_id not in mapped, f"block {block.block_id} is twice in the hash map")
             ensure(block is self.blocks[block.block_id], f"map holds a stranger as block {block.block_id}")
+            keys = mapped.setdefault(block.block_id, [])
+            ensure(key not in keys, f"block {block.block_id} is twice in the hash map")
             ensure(
-                block.block_hash == key,
+                key in self._keys_of(block),
                 f"map entry points at block {block.block_id}, which carries another hash",
             )
-            mapped[block.block_id] = key
+            keys.append(key)
         hashed = {b.block_id for b in self.blocks if b.block_hash is not None}
         ensure(
             hashed == set(mapped),
             f"blocks with a hash but not in the map: {sorted(hashed - set(mapped))[:8]}",
         )
+        for block_id, further in self.cached_block_hashes_by_block.items():
+            block = self.blocks[block_id]
+            ensure(block.block_hash is not None and bool(further), f"block {block_id}: partial keys, no hash")
+            ensure(
+                len(mapped[block_id]) == 1 + len(further),
+                f"block {block_id}: a partial key is not in the map",
+            )
         in_use = 0
         cached_free = 0
         for block in self.blocks[1:]:

@@ -183,8 +183,13 @@ class KVCacheManager:
         self.seen_fraction[request.request_id] = self.learner.begin(lookup, num_hit_blocks, now)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Register the request's blocks that are full within its first ``num_tokens`` tokens."""
-        if self.coordinator.num_blocks_to_cache(request.request_id, num_tokens) > 0:
+        """Register the request's blocks that are full within its first ``num_tokens`` tokens.
+        With a hash unit below the block size every call goes through, as in vLLM: a partial
+        tail evicted while in use is registered again (``_cache_partial_tail_block``)."""
+        if (
+            self.hasher.units_per_block > 1
+            or self.coordinator.num_blocks_to_cache(request.request_id, num_tokens) > 0
+        ):
             self.coordinator.cache_blocks(
                 self.hasher.request_hashes(request),
                 request.request_id,

@@ -72,6 +72,7 @@ def replay(case: dict[str, Any], side: Side) -> dict[str, Any]:
 
     last_event = max([*arrivals, *case.get("clear_gpu_at", ())])
     idle = 0
+    error: str | None = None
     for step in range(case.get("max_steps", 400)):
         waiting.extend(arrivals.get(step, ()))
         if step in case.get("clear_gpu_at", ()):
@@ -85,8 +86,12 @@ def replay(case: dict[str, Any], side: Side) -> dict[str, Any]:
                     continue
                 del loading[rid]
             n = side.num_tokens(rid) - side.num_computed(rid)
-            assert n >= 1 and side.extend(rid, n), f"{rid}: no room at step {step}"
+            if n < 1 or not side.extend(rid, n):
+                error = f"{rid}: no room at step {step}"  # the loop has no preemption
+                break
             scheduled[rid] = n
+        if error is not None:
+            break
         new: list[str] = []
         for rid in list(waiting):
             local, external = side.lookup(rid)
@@ -133,6 +138,8 @@ def replay(case: dict[str, Any], side: Side) -> dict[str, Any]:
     out = {"admissions": admissions, "steps": steps, "metrics": side.metrics()}
     if case.get("kv_events"):
         out["events"] = events
+    if error is not None:  # the records up to it are compared too
+        out["error"] = error
     return out
 
 
@@ -209,10 +216,11 @@ class OursOffload:
         self.cache.check_invariants()
 
     def clear_gpu(self) -> None:
-        # As the recorder: vLLM's evict_blocks on every free block with a hash (the same ids).
+        # As the recorder: vLLM's evict_blocks on every free block with a hash (the same ids, in
+        # the same order: ascending, so the BlockRemoved order is the harness's on both sides).
         pool = self.cache.block_pool
-        free_cached = {b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is not None}
-        self.cache.evict_blocks(free_cached)
+        free_cached = [b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0 and b.block_hash is not None]
+        self.cache.evict_blocks(sorted(free_cached))
 
     def take_keys(self) -> tuple[list[tuple[str, int, bytes]], list[bytes]]:
         out = (self.stored, self.evicted)

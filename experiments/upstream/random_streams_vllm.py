@@ -62,10 +62,7 @@ FAMILIES = MANAGER_FAMILIES + TIER_FAMILIES
 # (1) ours allocates a host hit's whole prompt at admission, vLLM only the loaded blocks: shows
 #     when the GPU pool is short; excluded by giving tier streams a GPU pool that never evicts.
 KNOWN_ASYNC_LOAD = "async-load-allocates-whole-prompt"
-# (4) vLLM's partial-tail entries (prefix_match_unit < block size) and their events: excluded
-#     by drawing no prefix_match_unit.
-KNOWN_PARTIAL_TAIL = "partial-tail-events-at-match-unit"
-KNOWN = (KNOWN_ASYNC_LOAD, KNOWN_PARTIAL_TAIL)
+KNOWN = (KNOWN_ASYNC_LOAD,)
 # Found by these streams: after a host load, ours' BlockStored events carry the token_ids of the
 # request allocated last (HostTier._load_done caches without setting block_pool.event_request);
 # counted apart when the records agree with every event's token_ids left out.
@@ -146,7 +143,6 @@ def _traffic(rng: random.Random, B: int, num_requests: int, *, aligned: bool = F
 
 def manager_stream(family: str, rng: random.Random, exclude_known: bool = False) -> Stream:
     """One stream of a manager family, as vllm_kv_events_driver.replay_events reads it."""
-    unit_ok = not exclude_known
     if family == "dense":
         B = rng.choice((2, 4, 4, 8))
         s: Stream = {"block_size": B, "retention": None, "groups": [["full"]],
@@ -160,7 +156,7 @@ def manager_stream(family: str, rng: random.Random, exclude_known: bool = False)
         else:  # a window at, or one token either side of, a block multiple
             window = rng.randrange(1, 4) * B + rng.choice((-1, 0, 1))
             s.update(groups=[["sliding_window", window], ["full"]], num_blocks=rng.randrange(10, 40))
-        if unit_ok and rng.random() < 0.2:
+        if rng.random() < 0.2:
             s["prefix_match_unit"] = 2
     elif family == "mamba-align":
         B = 8  # MAMBA_SMALL's block 4 is raised to 8 for its state; the groups form is given 8
@@ -317,10 +313,7 @@ def replay_manager_ours(s: Stream) -> list[dict[str, Any]]:
 
 def replay_tier_ours(s: Stream) -> dict[str, Any]:
     with vllm_hash_seed():
-        try:
-            return replay(s, OursOffload(s))
-        except AssertionError as exc:  # the loop found no room for a running request
-            return {"error": str(exc)}
+        return replay(s, OursOffload(s))
 
 
 def replay_ours(s: Stream) -> Records:
@@ -373,10 +366,7 @@ def replay_tier_vllm(s: Stream) -> dict[str, Any]:
     logging.getLogger("vllm").setLevel(logging.ERROR)  # a full host warns at every store
     os.environ["PYTHONHASHSEED"] = HASH_SEED
     init_none_hash(sha256)
-    try:
-        return replay(s, VllmOffload(s))
-    except AssertionError as exc:
-        return {"error": str(exc)}
+    return replay(s, VllmOffload(s))
 
 
 def replay_vllm(s: Stream) -> Records:
@@ -394,7 +384,6 @@ def first_difference(s: Stream, ours: Records, upstream: Records) -> str | None:
                     where = f"op {i} {op['op']} {op.get('rid', '')}: {field}"
                     return f"{where}\n  ours {a.get(field)}\n  vllm {b.get(field)}"
         return None
-    ours, upstream = _clear_order_free(s, ours), _clear_order_free(s, upstream)
     for field in ("error", "admissions", "steps", "events", "metrics"):
         a, b = ours.get(field), upstream.get(field)
         if a == b:
@@ -407,37 +396,6 @@ def first_difference(s: Stream, ours: Records, upstream: Records) -> str | None:
     return None
 
 
-def _without_partial_tail(s: Stream, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """vLLM's records less its partial-tail entries' events (KNOWN_PARTIAL_TAIL): BlockStored
-    of block_size = prefix_match_unit and the BlockRemoved of their hashes; no msgpack bytes."""
-    unit, partial = s.get("prefix_match_unit"), set()
-    out = []
-    for rec in records:
-        events = []
-        for e in rec["events"]:
-            if e["type"] == "BlockStored" and unit is not None and e["block_size"] == unit:
-                partial.update(e["block_hashes"])
-                continue
-            if e["type"] == "BlockRemoved" and set(e["block_hashes"]) <= partial:
-                continue
-            events.append(e)
-        out.append({**{k: v for k, v in rec.items() if k != "payload"}, "events": events})
-    return out
-
-
-def _clear_order_free(s: Stream, r: dict[str, Any]) -> dict[str, Any]:
-    """A tier replay whose BlockRemoved events at a clear_gpu step are sorted: the harness's
-    clear_gpu hands evict_blocks a set of block ids built in pool order (ours) or free-queue
-    order (vLLM), whose iteration order is not the backends' to choose."""
-    if "events" not in r:
-        return r
-    clears = set(s.get("clear_gpu_at", ()))
-    events = [[step, sorted(batch, key=lambda e: (e["type"] != "BlockRemoved", e.get("block_hashes")))
-               if step in clears and all(e["type"] == "BlockRemoved" for e in batch) else batch]
-              for step, batch in r["events"]]  # fmt: skip
-    return {**r, "events": events}
-
-
 def _tokenless(r: dict[str, Any]) -> dict[str, Any]:
     """A tier replay with every event's token_ids left out (FOUND_LOAD_EVENT_TOKENS)."""
     if "events" not in r:
@@ -448,15 +406,10 @@ def _tokenless(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def classify(s: Stream, ours: Records, upstream: Records) -> str | None:
-    """None (agree), a name in KNOWN, or "new": known (4) if the records agree once vLLM's
-    partial-tail events are left out; known (1) if the difference vanishes when the GPU pool
-    holds every request (the whole-prompt allocation then takes nothing vLLM would keep)."""
+    """None (agree), a name in KNOWN, or "new": known (1) if the difference vanishes when the
+    GPU pool holds every request (the whole-prompt allocation then takes nothing vLLM would keep)."""
     if first_difference(s, ours, upstream) is None:
         return None
-    if isinstance(upstream, list) and "prefix_match_unit" in s:
-        plain = [{k: v for k, v in r.items() if k != "payload"} for r in ours]
-        if first_difference(s, plain, _without_partial_tail(s, upstream)) is None:
-            return KNOWN_PARTIAL_TAIL
     if "requests" in s:
         from prefixcache.experiments.upstream.offload_cases import GPU_BLOCK
 

@@ -111,6 +111,9 @@ class VllmOffload:
         self.added: dict[str, list[int]] = {}  # this step's new blocks of running requests
         self.finished_prev: list[str] = []
         self.recving: set[str] = set()  # load done: promoted at the next schedule
+        # Admitted with an async load, in admission order: vLLM's kv_holding_waiting queue (FCFS),
+        # the order its scheduler promotes finished loads in.
+        self.kv_holding: list[str] = []
         self.stored: list[tuple[str, int, bytes]] = []
         self.evicted: list[bytes] = []
         manager = self.conn.manager
@@ -130,12 +133,16 @@ class VllmOffload:
 
     # ------------------------------------------------------------ the loop's calls
     def begin_step(self) -> None:
-        for rid in self.recving:  # Scheduler._update_waiting_for_remote_kv
+        # Scheduler._update_waiting_for_remote_kv, in kv_holding_waiting's order (not the set's:
+        # string-hash order would change with each process's hash seed).
+        promoted = [rid for rid in self.kv_holding if rid in self.recving]
+        for rid in promoted:
             req = self.reqs[rid]
             self.kv.cache_blocks(req, req.num_computed_tokens)
             if req.num_computed_tokens == req.num_tokens:
                 req.num_computed_tokens = req.num_tokens - 1  # a full hit recomputes one token
             req.status = RequestStatus.RUNNING
+            self.kv_holding.remove(rid)
         self.recving = set()
 
     def lookup(self, rid: str) -> tuple[int, int | None]:
@@ -165,6 +172,8 @@ class VllmOffload:
             self.metrics_["external_prefix_cache_hits"] += ext
         req.num_computed_tokens = local + ext
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS if ext else RequestStatus.RUNNING
+        if ext:
+            self.kv_holding.append(rid)
         self.fresh.add(rid)  # its next schedule sends the whole block table
         return True
 
@@ -244,9 +253,11 @@ class VllmOffload:
         self.step += 1
 
     def clear_gpu(self) -> None:
+        # The connector's evict_blocks takes a set; ascending ids here, as our side hands them.
         pool = self.kv.block_pool
-        ids = {b.block_id for b in pool.free_block_queue.get_all_free_blocks() if b.block_hash is not None}
-        self.kv.evict_blocks(ids)
+        free = pool.free_block_queue.get_all_free_blocks()
+        ids = sorted(b.block_id for b in free if b.block_hash is not None)
+        self.kv.evict_blocks(ids)  # type: ignore[arg-type]
 
     def take_keys(self) -> tuple[list[tuple[str, int, bytes]], list[bytes]]:
         out = (self.stored, self.evicted)
