@@ -398,7 +398,10 @@ class Engine:
             rec = records[req.request_id]
             num_output = num_tokens - req.num_prompt_tokens
             if num_output < req.max_new_tokens:
-                token = next_tokens[idx] if next_tokens is not None else self._next_output_token(req)
+                if next_tokens is not None:
+                    token = next_tokens[idx]
+                else:
+                    token = self._next_output_token(req, num_output)
                 req.append_output_token_ids(token)
                 num_output += 1
                 rec.output_tokens = num_output
@@ -620,10 +623,13 @@ class Engine:
             rec.first_token_step, rec.first_token_time = self.step_count, self.clock
         self.num_finished += 1
 
-    def _next_output_token(self, req: Request) -> int:
-        """The planned or simulated token at the request's next output position (its tokens
-        are made on its first decode step and kept while it runs)."""
-        return self._output_tokens(req)[req.num_output_tokens]
+    def _next_output_token(self, req: Request, position: int) -> int:
+        """The planned or simulated token at output ``position``, the request's next (its
+        tokens are made on its first decode step and kept while it runs)."""
+        tokens = self._outputs.get(req.request_id)
+        if tokens is None or position >= len(tokens):
+            tokens = self._output_tokens(req)
+        return tokens[position]
 
     def _output_tokens(self, req: Request) -> list[int]:
         """``req``'s planned or simulated output tokens by position, one past those it has at

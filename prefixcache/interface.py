@@ -355,8 +355,10 @@ class PrefixCache(ABC, Generic[S]):
                 raise _not_a_request(req) from None
             if live is None or live.request is not req:
                 live = self._live_record(req, "commit")  # not live: that error
-            self._check_commit(live)
-            live.computed = req.num_computed_tokens  # (checked: the floor only rises to it)
+            computed = req.num_computed_tokens
+            if not live.computed <= computed <= live.reserved:  # (reserved <= its known tokens)
+                self._check_commit(live)  # raises, naming what is wrong
+            live.computed = computed
             records.append(live)
         self._commit_batch(records)
 

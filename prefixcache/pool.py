@@ -254,6 +254,15 @@ class PageTable:
         self._buf[self._n : end] = pages
         self._n = end
 
+    def append(self, page: int) -> None:
+        """Append one page id (a decode step's page: a scalar store, not a slice copy)."""
+        n = self._n
+        if n == len(self._buf):
+            self.extend(np.array([page], dtype=np.int64))
+            return
+        self._buf[n] = page
+        self._n = n + 1
+
     def array(self) -> PageIds:
         """A read-only view of the ids (valid until the next extend or assignment)."""
         view = self._buf[: self._n]

@@ -317,9 +317,8 @@ class RadixPrefixCache(PrefixCache[_Live]):
                 run = 1 if k + 1 == count else self._page_opening_run(records, k, self.pool.num_ready)
                 pages = self.pool.alloc(run)  # none merges: a run stops at the ready pages
                 assert pages is not None
-                for i in range(run):
-                    opened = records[k + i]
-                    opened.state.pages.extend(pages if run == 1 else pages[i : i + 1])
+                for opened, page in zip(records[k : k + run], pages.tolist(), strict=True):
+                    opened.state.pages.append(page)
                     opened.state.decoding = True
                     opened.reserved += 1
                 k += run
