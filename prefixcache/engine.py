@@ -196,17 +196,33 @@ class Engine:
         self.arrivals.read_from(requests)
         if total is None and hasattr(requests, "__len__"):
             total = len(requests) + len(self.records)  # type: ignore[arg-type]
-        # A page of one token is opened by every decode step: nothing to defer.
-        self._may_defer = self.multi_step and self.model is None and self.cache.page_size > 1
+        self.defer_decoders(True)
         try:
             with tqdm(total=total, disable=not progress, unit="req", leave=False) as bar:
                 self._run_to_the_end(bar)
         finally:  # a caller may step on by hand, or look at the requests: all of them exact
-            self._may_defer = False
-            for req in [r for r in self.running if r.request_id in self._deferred]:
-                self._take_up(req)
-            self._take_up_at.clear()
+            self.defer_decoders(False)
         return list(self.records.values())
+
+    def defer_decoders(self, on: bool) -> None:
+        """Let ``step`` defer decode steps inside held pages (``run`` does, with ``multi_step``;
+        a page of one token is opened by every decode step, so page size 1 defers nothing), or
+        stop, taking every deferred decoder up: its requests are exact again. A caller that
+        steps the engine itself with deferral on reads a running request's length through
+        ``num_tokens_now``; records, the clock and the cache are exact at every step."""
+        if on:
+            self._may_defer = self.multi_step and self.model is None and self.cache.page_size > 1
+            return
+        self._may_defer = False
+        for req in [r for r in self.running if r.request_id in self._deferred]:
+            self._take_up(req)
+        self._take_up_at.clear()
+
+    def num_tokens_now(self, req: Request) -> int:
+        """``req.num_tokens`` as stepping one by one would have it now: a deferred decoder's
+        tokens are appended when it is taken up."""
+        deferred = self._deferred.get(req.request_id)
+        return req.num_tokens if deferred is None else req.num_tokens + self.step_count - deferred[0]
 
     def _run_to_the_end(self, bar: Any) -> None:
         idle = 0

@@ -8,9 +8,16 @@ SUITES = [
     "tests/test_engine.py::test_decode_stretches_change_no_record_and_no_cache_state",
     "tests/test_engine.py::test_deferred_decode_steps_change_nothing_with_a_host_tier",
     "tests/test_engine.py::test_deferred_decoders_past_the_budget_wait_as_one_by_one",
+    "tests/test_engine.py::test_num_tokens_now_is_the_length_stepping_one_by_one_gives",
 ]
 
 MUTANTS = {
+    "engine: a deferred decoder's length read as it was when deferred (a router sees it stale)": (
+        "prefixcache/engine.py",
+        "        return req.num_tokens if deferred is None else "
+        "req.num_tokens + self.step_count - deferred[0]\n",
+        "        return req.num_tokens\n",
+    ),
     "batch: a radix in-page decode step taken in place while the pool must evict for it": (
         "backends/radix/backend.py",
         "        if total_tokens > len(state.pages) * self.page_size or not self._calm():",

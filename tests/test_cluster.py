@@ -183,3 +183,29 @@ def test_kv_events_reach_the_router_late_by_the_lag_and_lost_batches_leave_seque
     with pytest.raises(ValueError, match=r"replicas \[1\] were made without kv_events=True"):
         Cluster([Ticking(CacheConfig(4096, 1), kv_events=True), RadixPrefixCache(CacheConfig(4096, 1))],
                 RoundRobin(2), kv_events=True)
+
+
+@pytest.mark.parametrize("backend", ["hashchain", "radix"])
+@pytest.mark.parametrize("router", ["dynamo", "llm-d", "preble", "oracle"])
+def test_deferred_decoders_change_no_route_no_record_and_no_replica_state(router, backend) -> None:
+    """Replicas that defer decode steps inside held pages (``Engine.defer_decoders``) route,
+    serve and report exactly as replicas stepping every request one by one: every
+    ``ReplicaState`` a router was shown, every route and every record are equal."""
+    runs = []
+    for defer in (True, False):
+        caches = [make_cache(backend, CacheConfig(4096, 16)) for _ in range(3)]
+        c = Cluster(caches, make_router(router, 3), check_invariants=True, defer_decoders=defer)
+        shown = []
+        state = c.state
+        c.state = lambda replica, _state=state, _shown=shown: _shown.append(_state(replica)) or _shown[-1]
+        reqs = requests("multi-turn-chat", spacing_s=0.02)
+        for r in reqs:
+            r.max_new_tokens = 40  # decode across several pages
+        rows = c.run(reqs)
+        deferred = sum(rep.engine.deferred_decode_steps for rep in c.replicas)
+        runs.append(([asdict(r) for r in rows], engine_rows(c), shown, deferred))
+    (rows_d, recs_d, shown_d, deferred), (rows_s, recs_s, shown_s, stepped) = runs
+    assert deferred > 0 and stepped == 0, "the deferring cluster must defer, the other not"
+    assert any(s.decode_blocks for s in shown_d), "the routers must have seen decoders"
+    assert shown_d == shown_s
+    assert rows_d == rows_s and recs_d == recs_s

@@ -477,3 +477,32 @@ def test_advance_in_place_refuses_what_it_may_not_take() -> None:
         cache.advance_in_place(req, 2)
     cache.advance_in_place(req, 1)
     assert cache.reserved_tokens(req) == 7
+
+
+@pytest.mark.parametrize("backend", ["hashchain", "radix"])
+def test_num_tokens_now_is_the_length_stepping_one_by_one_gives(backend: str) -> None:
+    """A caller stepping an engine by hand with deferral on (``defer_decoders``, as the cluster
+    does) reads each running request's length through ``num_tokens_now``: at every step it is
+    what a twin stepping every request one by one has, though the deferred requests' own
+    ``num_tokens`` lag behind."""
+    engines = []
+    for defer in (True, False):
+        reqs = make_workload("multi-turn-chat", seed=1, conversations=6, turns=3).generate()
+        for r in reqs:
+            r.max_new_tokens = 50
+        engine = Engine(make_cache(backend, CacheConfig(1 << 15, 16)), "fcfs", 256, check_invariants=True)
+        engine.defer_decoders(defer)
+        for r in reqs:
+            engine.add_request(r)
+        engines.append(engine)
+    deferring, stepping = engines
+    lagged = 0
+    while stepping.has_unfinished():
+        now = {r.request_id: deferring.num_tokens_now(r) for r in deferring.running}
+        assert now == {r.request_id: r.num_tokens for r in stepping.running}
+        lagged += sum(deferring.num_tokens_now(r) != r.num_tokens for r in deferring.running)
+        deferring.step()
+        stepping.step()
+    assert not deferring.has_unfinished() and lagged > 0
+    deferring.defer_decoders(False)  # nothing left to take up; the records agree
+    assert [_rows(deferring.records.values())] == [_rows(stepping.records.values())]

@@ -6,7 +6,10 @@ replica's next step runs when its clock is the earliest of the busy replicas' (a
 clock is the end of its last step). A step that began before an arrival is taken first, so
 the router sees each replica as it stands after the step in progress (one step of look-ahead
 at most, as a router polling engine metrics would). Decode stretches are off: an arrival
-routed to a replica mid-stretch would change its steps.
+routed to a replica mid-stretch would change its steps. Decode steps inside held pages are
+deferred (``Engine.defer_decoders``): the router's view reads each running request's length as
+stepping one by one would have it (``Engine.num_tokens_now``), and the cache, records and
+clock are exact at every step.
 
 Every request is routed once and finishes once (or is rejected by its replica as larger than
 the cache); ``run`` checks both, and the per-request rows say what the router predicted, what
@@ -70,7 +73,10 @@ class Cluster:
         kv_events: bool = False,
         event_lag_s: float = 0.0,
         event_loss: float = 0.0,
+        defer_decoders: bool = True,
     ) -> None:
+        """defer_decoders: each replica defers its decode steps inside held pages (the same
+        routes and records as stepping each request one by one, faster)."""
         if not caches:
             raise ValueError("a cluster needs at least one replica")
         if router.num_replicas != len(caches):
@@ -89,9 +95,11 @@ class Cluster:
         cm = cost_model if cost_model is not None else CostModel.measured()
         self.replicas = [
             Replica(i, c, Engine(c, scheduler, token_budget, cost_model=cm, seed=seed,
-                                 check_invariants=check_invariants, multi_step=False))
+                                 check_invariants=check_invariants, multi_step=defer_decoders))
             for i, c in enumerate(caches)
         ]
+        for replica in self.replicas:
+            replica.engine.defer_decoders(True)
         self.router = router
         self.routes: dict[str, RouteRecord] = {}
         self.clock = 0.0
@@ -117,11 +125,11 @@ class Cluster:
         queued = list(e.waiting) + e.arrivals.pending()
         prefill = sum(r.num_prompt_tokens - r.num_computed_tokens for r in queued)
         decode_blocks = 0
-        for r in e.running:
+        for r in e.running:  # (a deferred decoder is past its prompt; its length read as now)
             if r.num_computed_tokens < r.num_prompt_tokens:
                 prefill += r.num_prompt_tokens - r.num_computed_tokens
             else:
-                decode_blocks += math.ceil(r.num_tokens / cache.config.page_size)
+                decode_blocks += math.ceil(e.num_tokens_now(r) / cache.config.page_size)
         return ReplicaState(
             index=replica.index,
             active_requests=len(queued) + len(e.running),
@@ -157,6 +165,8 @@ class Cluster:
                     raise RuntimeError(f"replica {replica.index} made no progress at clock {self.clock}")
             else:
                 stalled[replica.index] = 0
+        for replica in self.replicas:  # (every request finished: nothing is deferred now)
+            replica.engine.defer_decoders(False)
         self._check_conservation(len(pending))
         return [self.routes[rid] for rid in ids]
 
