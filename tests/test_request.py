@@ -86,7 +86,7 @@ def test_output_appended_before_the_token_list_is_built_joins_it_in_order(as_arr
     req.append_output_token_ids(12)
     assert (req.num_tokens, list(req.output_token_ids)) == (7, [9, 10, 11, 12])
     with pytest.raises(ValueError, match="negative"):
-        Request.deferred("n", 2, lambda: np.array([1, -3], dtype=np.int64)).prompt_array
+        _ = Request.deferred("n", 2, lambda: np.array([1, -3], dtype=np.int64)).prompt_array
 
 
 def test_a_trace_run_without_a_cache_that_reads_tokens_builds_no_token_list() -> None:
