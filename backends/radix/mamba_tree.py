@@ -92,12 +92,14 @@ class MambaRadixTree:
         self.free_slots = free_slots
         self.free_state = free_state
         self.order = order
+        # Ours, as RadixCache.version: changes whenever a match could change. It keeps counting
+        # across resets: a match taken before one must never find its version again.
+        self.version = 0
         self.reset()
 
     def reset(self) -> None:
         self._ids = 0
         self._time = 0.0
-        self.version = 0
         self.root = self._new_node()
         self.full_evictable = self.full_protected = 0
         self.mamba_evictable = self.mamba_protected = 0
