@@ -308,3 +308,15 @@ def test_a_stale_match_after_a_reset_is_refused_when_no_state_comes_free(options
     assert cache.state_usage() == (0, 0, cache.sizes.states)
     assert not cache.allocate(r2, 1, match)
     cache.check_invariants()
+
+
+def test_node_ids_are_never_reused_across_a_reset() -> None:
+    """The Mamba LRU is keyed by node id: a node of before a reset (held by a stale match) must
+    not share its id with a node of the tree after it (SGLang's TreeNode.counter never restarts)."""
+    cache = _machine_cache()
+    _finish(cache, "r1", [0])
+    old = {n.id for n in cache.tree.iter_nodes()} | {cache.tree.root.id}
+    assert cache.reset()
+    _finish(cache, "r2", [1])
+    new = {n.id for n in cache.tree.iter_nodes()} | {cache.tree.root.id}
+    assert not old & new
