@@ -187,3 +187,136 @@ def test_marconi_eviction_keeps_the_long_prefix() -> None:
 def test_prefix_flops_grow_quadratically_with_attention() -> None:
     assert prefix_flops(10, 3, 1, 4096) == 4 * 10 + 100 / 8192
     assert prefix_flops(20, 0, 1, 1) - 2 * prefix_flops(10, 0, 1, 1) == 100
+
+
+# ---------------------------------------------------------------------------- stale matches
+# Regressions from the lifecycle machine (test_stateful_mamba_radix.py, thorough profile).
+MACHINE_LAYOUT = [("mamba", 4), ("full",)]  # the machine's: 4 state slots, 28 KV slots
+
+
+def _machine_cache(**options: object) -> MambaRadixPrefixCache:
+    return MambaRadixPrefixCache(CacheConfig(24, 1, layout=MACHINE_LAYOUT), **options)  # type: ignore[arg-type]
+
+
+def _finish(cache: MambaRadixPrefixCache, rid: str, tokens: list[int]) -> None:
+    """The machine's finish_at_prefill: admit with the hit, compute the rest, release."""
+    req = Request(rid, tokens)
+    match = cache.lookup(req)
+    assert cache.allocate(req, req.num_tokens - match.tokens, match)
+    req.num_computed_tokens = req.num_tokens
+    cache.release(req)
+    cache.check_invariants()
+
+
+def _hit_is_a_fresh_lookups(cache: MambaRadixPrefixCache, req: Request) -> None:
+    """The live ``req``'s hit is what a lookup finds now: its KV slots are the tree's for its
+    tokens and its state was copied from a tree state of exactly the hit's depth."""
+    hit, src = req.num_computed_tokens, cache.cow_source(req)
+    assert (hit == 0) == (src == 0), f"hit {hit} with state source {src}"
+    if hit:
+        assert (hit, src) in cache.state_slots(), f"hit {hit}: slot {src} is not a state of that depth"
+    now = cache.lookup(Request("twin", req.all_token_ids))
+    assert hit == now.tokens, f"hit {hit}, a lookup now finds {now.tokens}"
+    assert cache.page_tables(req)[0][:hit] == cache.tree.path_indices(now.node).tolist()  # type: ignore[attr-defined]
+
+
+MARCONI = {"mamba_admission": "marconi", "eviction_policy": "marconi"}
+BOTH = pytest.mark.parametrize("options", [{}, MARCONI], ids=["sglang", "marconi"])
+
+
+# Every one below is one cause: the backend's reset built a new tree whose version restarted,
+# so once the new tree had changed as often as the old one had when a match was taken, that
+# match was trusted: its node, KV slots and state slot of the old tree, now another's.
+@BOTH
+def test_a_stale_match_after_a_reset_copies_no_other_requests_state(options: dict) -> None:
+    """Machine: "r2 hit 1 but its state is of (None, (0, 0))"."""
+    cache = _machine_cache(**options)
+    _finish(cache, "r1", [0])
+    r2 = Request("r2", [0, 0])
+    match = cache.lookup(r2)
+    assert match.tokens == 1
+    assert cache.reset()
+    _finish(cache, "r3", [0, 0])  # the new tree reaches the old version; slot 1 holds (0, 0)
+    assert cache.revalidate(match) is not match
+    assert cache.allocate(r2, 1, match)
+    _hit_is_a_fresh_lookups(cache, r2)
+    cache.check_invariants()
+
+
+@BOTH
+def test_a_stale_match_after_a_reset_reads_no_other_tokens_kv(options: dict) -> None:
+    """Machine: "hit of a stale match: KV of position 1"."""
+    cache = _machine_cache(**options)
+    _finish(cache, "r1", [0, 0])
+    r2 = Request("r2", [0, 0, 0])
+    match = cache.lookup(r2)
+    assert match.tokens == 2
+    assert cache.reset()
+    _finish(cache, "r3", [0, 1])  # KV slots 1, 2 hold (0,), (0, 1) now
+    assert cache.allocate(r2, 1, match)
+    _hit_is_a_fresh_lookups(cache, r2)
+    cache.check_invariants()
+
+
+@BOTH
+def test_a_stale_match_after_a_reset_locks_no_node_of_the_old_tree(options: dict) -> None:
+    """Machine: "KV pool: negative count in PageUsage(free=25, evictable=-2, in_use=5)": the
+    lock on the old node took its 3 tokens off the new tree's evictable count."""
+    cache = _machine_cache(**options)
+    _finish(cache, "r1", [0, 0, 0])
+    r2 = Request("r2", [0, 0, 0, 0])
+    match = cache.lookup(r2)
+    assert match.tokens == 3
+    assert cache.reset()
+    _finish(cache, "r3", [1])
+    assert cache.allocate(r2, 1, match)
+    cache.check_invariants()
+    _hit_is_a_fresh_lookups(cache, r2)
+
+
+@BOTH
+def test_a_stale_match_after_a_reset_hits_only_with_a_state(options: dict) -> None:
+    """Machine: "a hit of 2 with no state to copy": the old node's state was evicted before the
+    reset (the version moved on), and the new tree reached that version again."""
+    cache = _machine_cache(**options)
+    _finish(cache, "r1", [0])
+    r2 = Request("r2", [0, 0])
+    match = cache.lookup(r2)
+    assert match.tokens == 1
+    assert cache.evict_states(1) == 1
+    assert cache.reset()
+    _finish(cache, "r3", [1])  # the new tree at the match's version; its node has no state
+    assert cache.allocate(r2, 1, match)
+    _hit_is_a_fresh_lookups(cache, r2)
+    cache.check_invariants()
+
+
+@BOTH
+def test_a_stale_match_after_a_reset_is_refused_when_no_state_comes_free(options: dict) -> None:
+    """Machine: the bare ``assert ok`` in ``_admit``: the lock on the old node (holding a state)
+    took the new tree's evictable state count to -1, so the admission saw a state to evict
+    where there was none."""
+    cache = _machine_cache(**options)
+    _finish(cache, "r1", [0])
+    r2 = Request("r2", [0, 0])
+    match = cache.lookup(r2)
+    assert match.tokens == 1
+    assert cache.reset()
+    _finish(cache, "r3", [1])
+    for rid, tokens in (("a", [1, 2]), ("b", [2]), ("c", [2, 2])):  # every state slot taken
+        assert cache.allocate(Request(rid, tokens), 1)
+    assert cache.state_usage() == (0, 0, cache.sizes.states)
+    assert not cache.allocate(r2, 1, match)
+    cache.check_invariants()
+
+
+def test_node_ids_are_never_reused_across_a_reset() -> None:
+    """The Mamba LRU is keyed by node id: a node of before a reset (held by a stale match) must
+    not share its id with a node of the tree after it (SGLang's TreeNode.counter never restarts)."""
+    cache = _machine_cache()
+    _finish(cache, "r1", [0])
+    old = {n.id for n in cache.tree.iter_nodes()} | {cache.tree.root.id}
+    assert cache.reset()
+    _finish(cache, "r2", [1])
+    new = {n.id for n in cache.tree.iter_nodes()} | {cache.tree.root.id}
+    assert not old & new

@@ -143,12 +143,17 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
         self.mamba_layers = tuple(i for i, x in enumerate(layout.layers) if x.kind == "mamba")
         self.state_units = sum(layout.layers[i].size or 0 for i in self.mamba_layers)
         self._new_pools()
+        order = self._marconi_order if self.eviction_policy == "marconi" else None
+        # One tree for the cache's life: its reset keeps the version counting, so a match
+        # taken before a reset is revalidated after it (a new tree restarted the count).
+        self.tree = MambaRadixTree(self._free_slots, self._free_state, order)
 
     def _new_pools(self) -> None:
         self.kv = PagePool(self.sizes.kv_tokens + 1)
         self.states = PagePool(self.sizes.states + 1)
-        order = self._marconi_order if self.eviction_policy == "marconi" else None
-        self.tree = MambaRadixTree(self.kv.free, self._free_state, order)
+
+    def _free_slots(self, slots: SlotArray) -> None:
+        self.kv.free(slots)
 
     def _free_state(self, slot: int) -> None:
         self.states.free([slot])
@@ -341,6 +346,7 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
 
     def _reset(self) -> None:
         self._new_pools()
+        self.tree.reset()
 
     # ------------------------------------------------------------------ accounting
     def usage(self) -> PageUsage:

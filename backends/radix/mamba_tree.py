@@ -95,10 +95,12 @@ class MambaRadixTree:
         # Ours, as RadixCache.version: changes whenever a match could change. It keeps counting
         # across resets: a match taken before one must never find its version again.
         self.version = 0
+        # Node ids, as SGLang's TreeNode.counter, never restart: the Mamba LRU is keyed by id,
+        # and a node of before a reset (a stale match's) must never share one with a new node.
+        self._ids = 0
         self.reset()
 
     def reset(self) -> None:
-        self._ids = 0
         self._time = 0.0
         self.root = self._new_node()
         self.full_evictable = self.full_protected = 0
