@@ -16,6 +16,17 @@ _BACKEND = "backends/radix/mamba_backend.py"
 _POOL = "backends/radix/mamba_pool.py"
 
 MUTANTS: dict[str, tuple[str, str, str]] = {
+    "mamba: a reset restarts the index version (a match from before it is trusted again)": (
+        _TREE,
+        "        self.lru: OrderedDict[int, MambaNode] = OrderedDict()\n        self.version += 1\n",
+        "        self.lru: OrderedDict[int, MambaNode] = OrderedDict()\n        self.version = 1\n",
+    ),
+    "mamba: a reset builds the backend a new tree (its version starts over)": (
+        "backends/radix/mamba_backend.py",
+        "        self._new_pools()\n        self.tree.reset()\n",
+        "        self._new_pools()\n"
+        "        self.tree = type(self.tree)(self._free_slots, self._free_state, self.tree.order)\n",
+    ),
     # A hit ends at the deepest matched node, state or not: the recurrent state is off the
     # checkpoint (the match is not cut back to the deepest node holding a state).
     "mamba radix: state hit off the checkpoint": (
