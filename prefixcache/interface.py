@@ -250,7 +250,9 @@ class PrefixCache(ABC, Generic[S]):
         asynchronously (``host_tokens`` and not ``load_overlapped``): the admission then
         reserves just the hit, as vLLM's scheduler calls ``allocate_slots`` with
         ``num_new_tokens=0`` for a request whose external tokens load asynchronously; its next
-        ``allocate`` reserves what it computes.
+        ``allocate`` reserves what it computes. A caller that does reserve new tokens at such
+        an admission (vLLM never does) must compute them in the step its load is acknowledged
+        (``host_load_pending`` turns False): hashchain publishes the reserved blocks then.
 
         Later calls extend the reservation to ``num_computed_tokens + num_new_tokens`` (a no-op
         if it is already that large) and take no match. Evicts unpinned cache entries if

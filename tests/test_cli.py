@@ -21,6 +21,7 @@ def test_run_writes_config_records_summary_and_never_overwrites(tmp_path, capsys
     assert any(p.name.startswith("requests.") for p in folder.iterdir())
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["requests"] == 4 and summary["token_hit_rate"] == 0.0
+    assert summary["cache_op_us_per_request"] is None  # cache calls are not timed: no number, not 0
     assert main(args) == 0 and "skipped" in capsys.readouterr().out
     assert main([*args, "--force"]) == 0
     assert len(list(tmp_path.iterdir())) == 2

@@ -506,3 +506,18 @@ def test_num_tokens_now_is_the_length_stepping_one_by_one_gives(backend: str) ->
     assert not deferring.has_unfinished() and lagged > 0
     deferring.defer_decoders(False)  # nothing left to take up; the records agree
     assert [_rows(deferring.records.values())] == [_rows(stepping.records.values())]
+
+
+def test_cache_calls_are_timed_only_when_asked() -> None:
+    """``time_cache_ops``: the wall time of the cache calls lands in each record's
+    ``cache_op_ns`` when asked (the replay bench does); a plain run reads no clock for them and
+    its records say 0 there, every other field unchanged."""
+    runs = []
+    for timed in (False, True):
+        reqs = make_workload("multi-turn-chat", seed=0, conversations=3, turns=2).generate()
+        engine = Engine(make_cache("radix", CacheConfig(1 << 14, 16)), "fcfs", 512, time_cache_ops=timed)
+        runs.append(engine.run(reqs))
+    plain, timed_records = runs
+    assert all(r.cache_op_ns == 0 for r in plain)
+    assert all(r.cache_op_ns > 0 for r in timed_records)
+    assert _rows(plain) == _rows(timed_records)
