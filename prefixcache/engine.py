@@ -642,16 +642,14 @@ class Engine:
     def _next_output_token(self, req: Request, position: int) -> int:
         """The planned or simulated token at output ``position``, the request's next (its
         tokens are made on its first decode step and kept while it runs)."""
-        tokens = self._outputs.get(req.request_id)
-        if tokens is None or position >= len(tokens):
-            tokens = self._output_tokens(req)
-        return tokens[position]
+        return self._output_tokens(req, position)[position]
 
-    def _output_tokens(self, req: Request) -> list[int]:
+    def _output_tokens(self, req: Request, position: int | None = None) -> list[int]:
         """``req``'s planned or simulated output tokens by position, one past those it has at
-        least (a planned output shorter than ``max_new_tokens`` goes on simulated)."""
+        least (a planned output shorter than ``max_new_tokens`` goes on simulated);
+        ``position``: its number of output tokens, when the caller knows it."""
         tokens = self._outputs.get(req.request_id)
-        if tokens is None or req.num_output_tokens >= len(tokens):
+        if tokens is None or (req.num_output_tokens if position is None else position) >= len(tokens):
             tokens = self._outputs[req.request_id] = output_tokens(req, self.seed, self.vocab_size)
         return tokens
 
