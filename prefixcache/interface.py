@@ -449,15 +449,7 @@ class PrefixCache(ABC, Generic[S]):
     def commit(self, req: Request) -> None:
         """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it (a
         ``commit_batch`` of one)."""
-        try:
-            live = self._live.get(req.request_id)
-        except AttributeError:
-            raise _not_a_request(req) from None
-        if live is None or live.request is not req:
-            live = self._live_record(req, "commit")  # not live: that error
-        self._check_commit(live)
-        live.computed = req.num_computed_tokens
-        self._commit_batch([live])
+        self.commit_batch((req,))
 
     def release(self, req: Request) -> None:
         """Finished or preempted: unpin; KV of its computed tokens stays as cache.
