@@ -83,11 +83,6 @@ def chain_hash_bytes(parent: int, block: bytes) -> int:
     return xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + block)
 
 
-def chain_hash(parent: int, block_tokens: Sequence[int]) -> int:
-    """``chain_hash_bytes`` of one block's tokens."""
-    return chain_hash_bytes(parent, token_bytes(block_tokens))
-
-
 def chained_block_hashes(
     tokens: Sequence[int] | np.ndarray, block_size: int, seed: int = 0, *, start_parent: int | None = None
 ) -> list[int]:
