@@ -227,14 +227,21 @@ BOTH = pytest.mark.parametrize("options", [{}, MARCONI], ids=["sglang", "marconi
 # Every one below is one cause: the backend's reset built a new tree whose version restarted,
 # so once the new tree had changed as often as the old one had when a match was taken, that
 # match was trusted: its node, KV slots and state slot of the old tree, now another's.
+def _match_of_the_old_tree(cache: MambaRadixPrefixCache, cached: list[int], probe: list[int]) -> tuple:
+    """r1 = ``cached`` finishes, r2 = ``probe`` is looked up (hitting all of r1): (r2, its match),
+    to be admitted after a reset."""
+    _finish(cache, "r1", cached)
+    r2 = Request("r2", probe)
+    match = cache.lookup(r2)
+    assert match.tokens == len(cached)
+    return r2, match
+
+
 @BOTH
 def test_a_stale_match_after_a_reset_copies_no_other_requests_state(options: dict) -> None:
     """Machine: "r2 hit 1 but its state is of (None, (0, 0))"."""
     cache = _machine_cache(**options)
-    _finish(cache, "r1", [0])
-    r2 = Request("r2", [0, 0])
-    match = cache.lookup(r2)
-    assert match.tokens == 1
+    r2, match = _match_of_the_old_tree(cache, [0], [0, 0])
     assert cache.reset()
     _finish(cache, "r3", [0, 0])  # the new tree reaches the old version; slot 1 holds (0, 0)
     assert cache.revalidate(match) is not match
@@ -247,10 +254,7 @@ def test_a_stale_match_after_a_reset_copies_no_other_requests_state(options: dic
 def test_a_stale_match_after_a_reset_reads_no_other_tokens_kv(options: dict) -> None:
     """Machine: "hit of a stale match: KV of position 1"."""
     cache = _machine_cache(**options)
-    _finish(cache, "r1", [0, 0])
-    r2 = Request("r2", [0, 0, 0])
-    match = cache.lookup(r2)
-    assert match.tokens == 2
+    r2, match = _match_of_the_old_tree(cache, [0, 0], [0, 0, 0])
     assert cache.reset()
     _finish(cache, "r3", [0, 1])  # KV slots 1, 2 hold (0,), (0, 1) now
     assert cache.allocate(r2, 1, match)
@@ -263,10 +267,7 @@ def test_a_stale_match_after_a_reset_locks_no_node_of_the_old_tree(options: dict
     """Machine: "KV pool: negative count in PageUsage(free=25, evictable=-2, in_use=5)": the
     lock on the old node took its 3 tokens off the new tree's evictable count."""
     cache = _machine_cache(**options)
-    _finish(cache, "r1", [0, 0, 0])
-    r2 = Request("r2", [0, 0, 0, 0])
-    match = cache.lookup(r2)
-    assert match.tokens == 3
+    r2, match = _match_of_the_old_tree(cache, [0, 0, 0], [0, 0, 0, 0])
     assert cache.reset()
     _finish(cache, "r3", [1])
     assert cache.allocate(r2, 1, match)
@@ -279,10 +280,7 @@ def test_a_stale_match_after_a_reset_hits_only_with_a_state(options: dict) -> No
     """Machine: "a hit of 2 with no state to copy": the old node's state was evicted before the
     reset (the version moved on), and the new tree reached that version again."""
     cache = _machine_cache(**options)
-    _finish(cache, "r1", [0])
-    r2 = Request("r2", [0, 0])
-    match = cache.lookup(r2)
-    assert match.tokens == 1
+    r2, match = _match_of_the_old_tree(cache, [0], [0, 0])
     assert cache.evict_states(1) == 1
     assert cache.reset()
     _finish(cache, "r3", [1])  # the new tree at the match's version; its node has no state
@@ -297,10 +295,7 @@ def test_a_stale_match_after_a_reset_is_refused_when_no_state_comes_free(options
     took the new tree's evictable state count to -1, so the admission saw a state to evict
     where there was none."""
     cache = _machine_cache(**options)
-    _finish(cache, "r1", [0])
-    r2 = Request("r2", [0, 0])
-    match = cache.lookup(r2)
-    assert match.tokens == 1
+    r2, match = _match_of_the_old_tree(cache, [0], [0, 0])
     assert cache.reset()
     _finish(cache, "r3", [1])
     for rid, tokens in (("a", [1, 2]), ("b", [2]), ("c", [2, 2])):  # every state slot taken
