@@ -84,7 +84,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "hashchain: allocation-path evictions do not move the index version": (
         "backends/hashchain/hash_map.py",
-        "        self.version += evicted\n",
+        "        self.version += len(hashed)\n",
         "",
     ),
     "radix: an evicted leaf does not move the index version": (
@@ -150,9 +150,17 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "shift = prefix_len % BLOCK_Q if ALIGN_Q else 0",
         "shift = 0",
     ),
+    "request: a range read past the prompt starts the output at its first token": (
+        "prefixcache/request.py",
+        "            out += self._early_output[max(start - p, 0) : end - p]\n",
+        "            out += self._early_output[: end - p]\n",
+    ),
 }
 # A mutant of these files runs these suites instead of SUITES (the kernel's own tests).
-SUITES_BY_FILE = {"kernels/paged_attention.py": ["tests/test_kernel.py"]}
+SUITES_BY_FILE = {
+    "kernels/paged_attention.py": ["tests/test_kernel.py"],
+    "prefixcache/request.py": ["tests/test_request.py", "tests/test_trace_hashes.py"],
+}
 # Mutant sets kept beside the suites that catch them: each module has MUTANTS (same shape as
 # above) and SUITES (what a mutant of it runs instead).
 MUTANT_MODULES = [

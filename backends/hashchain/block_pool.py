@@ -33,6 +33,7 @@ from prefixcache.request import Request
 
 __all__ = ["BlockHashToBlockMap", "BlockPool"]
 _ref_cnt = attrgetter("ref_cnt")
+_block_hash = attrgetter("block_hash")
 
 
 def _event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
@@ -152,21 +153,17 @@ class BlockPool:
             )
         if self.enable_kv_cache_events and self.event_request is None:
             raise ValueError("KV events are on: set BlockPool.event_request to the request being allocated")
-        new_blocks: list[KVCacheBlock] = []
-        keys: list[BlockHashWithGroupId] = []
-        cached_at: list[int] = []  # the indices just hashed
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
-            if block.is_null:  # sliding-window placeholder: nothing to cache
-                continue
-            if block_mask is not None and not block_mask[i - num_cached_blocks]:
-                continue
-            if self.dedupe and self._adopt_cached(block_keys[i], blocks, i):
-                continue
-            block.block_hash = block_keys[i]  # raises if it has one
-            new_blocks.append(block)
-            keys.append(block_keys[i])
-            cached_at.append(i)
+        cached_at = self._blocks_to_cache(block_keys, blocks, num_cached_blocks, num_full_blocks, block_mask)
+        if isinstance(cached_at, range):  # the whole range: slices, no step per block
+            new_blocks = blocks[num_cached_blocks:num_full_blocks]
+            keys = list(block_keys[num_cached_blocks:num_full_blocks])
+        else:
+            new_blocks = [blocks[i] for i in cached_at]
+            keys = [block_keys[i] for i in cached_at]
+        if any(map(_block_hash, new_blocks)):  # vLLM's block_hash setter asserts this per block
+            next(b for b in new_blocks if b.block_hash is not None).assign_hash(keys[0])  # raises
+        for block, key in zip(new_blocks, keys, strict=True):
+            block.block_hash = key
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
         if self.enable_kv_cache_events:
             self._emit_block_stored(block_keys, num_cached_blocks, num_full_blocks, keys, cached_at)
@@ -177,6 +174,24 @@ class BlockPool:
                 before = blocks[i - 1] if i else None
                 parent = before if before is not None and before.block_hash is not None else None
                 ranked.cached(blocks[i], parent, i, i < num_prompt_blocks, now)
+
+    def _blocks_to_cache(
+        self, block_keys: Sequence[BlockHashWithGroupId], blocks: list[KVCacheBlock], lo: int, hi: int,
+        block_mask: Sequence[bool] | None,
+    ) -> range | list[int]:
+        """The indices in [lo, hi) whose blocks take their keys: all of them (a range) unless
+        some are null (sliding-window placeholders: nothing to cache), masked out, or (dedupe)
+        given back for a cached twin, which ``_adopt_cached`` swaps into ``blocks`` here."""
+        if block_mask is None and not self.dedupe and self.null_block not in blocks[lo:hi]:
+            return range(lo, hi)
+        out = []
+        for i in range(lo, hi):
+            if blocks[i].is_null or (block_mask is not None and not block_mask[i - lo]):
+                continue
+            if self.dedupe and self._adopt_cached(block_keys[i], blocks, i):
+                continue
+            out.append(i)
+        return out
 
     def _adopt_cached(self, key: BlockHashWithGroupId, blocks: list[KVCacheBlock], i: int) -> bool:
         """``dedupe``: if ``key`` is cached already, the request's table takes that block at
@@ -209,7 +224,7 @@ class BlockPool:
         if block.block_hash is None:  # its own hash was evicted while in use (evict_blocks)
             if self.ranked is not None:
                 return  # ours: a ranked policy indexes full blocks only, so no partial block is cached
-            block.block_hash = key
+            block.assign_hash(key)
         else:
             self.cached_block_hashes_by_block.setdefault(block.block_id, []).append(key)
         self.cached_block_hash_to_block.insert(key, block)
@@ -292,7 +307,9 @@ class BlockPool:
         Without a hash they are worthless as cache: prepended (reused first). With a hash they
         are appended (LRU). Each list keeps the given order.
         """
-        blocks = [b for b in ordered_blocks if not b.is_null]
+        blocks = list(ordered_blocks)
+        if self.null_block in blocks:  # (sliding window) the null block is never freed
+            blocks = [b for b in blocks if not b.is_null]
         # Ours (vLLM does not check): a bad free raises before any change, leaving the pool intact.
         if blocks and min(map(_ref_cnt, blocks)) <= 0:
             bad = next(b for b in blocks if b.ref_cnt <= 0)
@@ -435,7 +452,7 @@ class BlockPool:
             BlockStored(
                 block_hashes=[self._external(key) for key in stored_keys],
                 parent_block_hash=parent,
-                token_ids=list(req.all_token_ids[num_cached_blocks * B : num_full_blocks * B]),
+                token_ids=req.token_ids(num_cached_blocks * B, num_full_blocks * B),
                 block_size=B,
                 lora_id=None,  # our requests carry no LoRA adapter id
                 medium=MEDIUM_GPU,
@@ -457,7 +474,7 @@ class BlockPool:
             BlockStored(
                 block_hashes=[self._external(key)],
                 parent_block_hash=self._external_hash(parent) if parent is not None else None,
-                token_ids=list(req.all_token_ids[start:end]),
+                token_ids=req.token_ids(start, end),
                 block_size=end - start,
                 lora_id=None,  # our requests carry no LoRA adapter id
                 medium=MEDIUM_GPU,

@@ -109,16 +109,21 @@ class FreeKVCacheBlockQueue:
         if n > self.num_free_blocks:
             raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} free")
         out: list[KVCacheBlock] = []
+        append = out.append
         curr = self.fake_free_list_head.next_free_block
-        while len(out) < n:
+        left = n
+        while left:
             assert curr is not None
             nxt = curr.next_free_block
-            if isinstance(curr, _FreshRun):
-                out += curr.take(n - len(out))
+            if type(curr) is _FreshRun:
+                taken = curr.take(left)
+                out += taken
+                left -= len(taken)
                 if curr.lo < curr.hi:
                     break  # the run goes on: it stays the head
             else:
-                out.append(curr)
+                append(curr)
+                left -= 1
             curr.prev_free_block = curr.next_free_block = None
             curr = nxt
         assert curr is not None
