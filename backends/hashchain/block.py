@@ -17,26 +17,9 @@ class KVCacheBlock:
         "prev_free_block",
         "next_free_block",
         "is_null",
-        # Ours: what a ranked eviction policy reads and keeps (hashchain/eviction.py); vLLM's
-        # own LRU order, the free queue, needs none of it and never sets it.
-        "num_tokens",
-        "last_access_time",
-        "creation_time",
-        "hit_count",
-        "priority",
-        "depth",
-        "parent",
-        "parent_epoch",
-        "epoch",
-        "num_cached_children",
-        "reuse_class",
-        "credited",
-        "tail_tokens",
-        "ghost_hit",
-        "policy_state",
     )
 
-    def __init__(self, block_id: int, is_null: bool = False, num_tokens: int = 0) -> None:
+    def __init__(self, block_id: int, is_null: bool = False) -> None:
         self.block_id = block_id  # index in [0, num_blocks); 0 is the null block
         self.ref_cnt = 0  # running requests whose block table holds this block
         # Set only while the block is full and registered in the hash map (``assign_hash``).
@@ -47,21 +30,6 @@ class KVCacheBlock:
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
         self.is_null = is_null  # placeholder block: never cached, freed or counted
-        self.num_tokens = num_tokens  # the block size
-        self.last_access_time = 0
-        self.creation_time = 0
-        self.hit_count = 0
-        self.priority = 0
-        self.depth = 0  # index in the block table of the request that cached it
-        self.parent: KVCacheBlock | None = None  # the cached block before it in that table
-        self.parent_epoch = 0  # the parent's epoch then: a re-cached parent is a stranger
-        self.epoch = 0  # advances each time the block is cached
-        self.num_cached_children = 0  # cached blocks whose live parent this is
-        self.reuse_class: tuple = ()  # lrp: the class of the request that last freed it
-        self.credited = False  # lrp: a hit since then was counted
-        self.tail_tokens = 0  # tlru: the freeing request's tokens after this block
-        self.ghost_hit = False  # arc, s3fifo: its hash was in the ghost when cached
-        self.policy_state: tuple | None = None  # wa: (stamp, hit_count, category)
 
     def assign_hash(self, block_hash: BlockHashWithGroupId) -> None:
         """vLLM's ``block_hash`` setter: a block holds one hash until ``reset_hash``."""
@@ -82,3 +50,45 @@ class KVCacheBlock:
             f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}, hash={cached}, "
             f"prev={prev_id}, next={next_id})"
         )
+
+
+class RankedKVCacheBlock(KVCacheBlock):
+    """Ours: a block of a pool under a ranked eviction policy (hashchain/eviction.py), with
+    what the policy reads and keeps. vLLM's own LRU order, the free queue, needs none of it:
+    an LRU pool's blocks are plain ``KVCacheBlock``s (a pool of 10^7 blocks creates them all)."""
+
+    __slots__ = (
+        "num_tokens",
+        "last_access_time",
+        "creation_time",
+        "hit_count",
+        "priority",
+        "depth",
+        "parent",
+        "parent_epoch",
+        "epoch",
+        "num_cached_children",
+        "reuse_class",
+        "credited",
+        "tail_tokens",
+        "ghost_hit",
+        "policy_state",
+    )
+
+    def __init__(self, block_id: int, is_null: bool = False, num_tokens: int = 0) -> None:
+        super().__init__(block_id, is_null)
+        self.num_tokens = num_tokens  # the block size
+        self.last_access_time = 0
+        self.creation_time = 0
+        self.hit_count = 0
+        self.priority = 0
+        self.depth = 0  # index in the block table of the request that cached it
+        self.parent: RankedKVCacheBlock | None = None  # the cached block before it in that table
+        self.parent_epoch = 0  # the parent's epoch then: a re-cached parent is a stranger
+        self.epoch = 0  # advances each time the block is cached
+        self.num_cached_children = 0  # cached blocks whose live parent this is
+        self.reuse_class: tuple = ()  # lrp: the class of the request that last freed it
+        self.credited = False  # lrp: a hit since then was counted
+        self.tail_tokens = 0  # tlru: the freeing request's tokens after this block
+        self.ghost_hit = False  # arc, s3fifo: its hash was in the ghost when cached
+        self.policy_state: tuple | None = None  # wa: (stamp, hit_count, category)

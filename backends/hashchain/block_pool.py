@@ -14,10 +14,11 @@ reset; ``take_events`` drains them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
-from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.block import KVCacheBlock, RankedKVCacheBlock
 from prefixcache.backends.hashchain.eviction import RankedEviction
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, LazyBlocks
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
@@ -86,7 +87,8 @@ class BlockPool:
         self.ranked = RankedEviction(policy) if ranked else None
         # Created on first use (free_queue.LazyBlocks), in the order vLLM's preallocated ones
         # leave the queue: ids, free order and eviction order as vLLM's.
-        self.blocks = LazyBlocks(num_gpu_blocks, block_size)
+        make_block = partial(RankedKVCacheBlock, num_tokens=block_size) if ranked else KVCacheBlock
+        self.blocks = LazyBlocks(num_gpu_blocks, make_block)
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # A cached block's keys beyond its own hash (partial tails, cache_partial_block), each also

@@ -16,7 +16,7 @@ was freed (re-ranking every free block would cost a scan), as in the block model
 
 from __future__ import annotations
 
-from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.block import RankedKVCacheBlock
 
 from prefixcache.eviction import (
     EvictionPolicy,
@@ -51,7 +51,7 @@ class RankedEviction:
 
     # ---------------------------------------------------------------- pool events
     def cached(
-        self, block: KVCacheBlock, parent: KVCacheBlock | None, depth: int, prompt: bool, now: int
+        self, block: RankedKVCacheBlock, parent: RankedKVCacheBlock | None, depth: int, prompt: bool, now: int
     ) -> None:
         """``block`` (in use) just got its hash, after ``parent`` in its request's table."""
         block.epoch += 1
@@ -68,7 +68,7 @@ class RankedEviction:
             block.parent_epoch = parent.epoch
             parent.num_cached_children += 1
 
-    def hit(self, block: KVCacheBlock, now: int) -> None:
+    def hit(self, block: RankedKVCacheBlock, now: int) -> None:
         """A new request takes cached ``block`` (before its ref_cnt rises)."""
         self._drop(block)
         if self.learner is not None:
@@ -76,7 +76,7 @@ class RankedEviction:
         block.hit_count += 1
         block.last_access_time = now
 
-    def freed(self, block: KVCacheBlock, now: int, tail_tokens: int = 0) -> None:
+    def freed(self, block: RankedKVCacheBlock, now: int, tail_tokens: int = 0) -> None:
         """Cached ``block`` reached ref_cnt 0; ``tail_tokens``: the tokens of the cached blocks
         after it that the same request freed."""
         block.last_access_time = now
@@ -86,7 +86,7 @@ class RankedEviction:
         if block.num_cached_children == 0:
             self._add(block)
 
-    def uncached(self, block: KVCacheBlock) -> None:
+    def uncached(self, block: RankedKVCacheBlock) -> None:
         """``block`` loses its hash (evicted, reused or reset): its parent may become a leaf."""
         self._drop(block)
         if block.block_hash is not None:
@@ -102,7 +102,7 @@ class RankedEviction:
             if parent.num_cached_children == 0 and parent.ref_cnt == 0 and parent.block_hash is not None:
                 self._add(parent)
 
-    def pop_victim(self) -> KVCacheBlock | None:
+    def pop_victim(self) -> RankedKVCacheBlock | None:
         """The free cached leaf the policy evicts first (taken out of the index), or None."""
         if not self._index:
             return None
@@ -112,17 +112,17 @@ class RankedEviction:
         return entry[3]  # type: ignore[no-any-return]
 
     # ---------------------------------------------------------------- index
-    def _add(self, block: KVCacheBlock) -> None:
+    def _add(self, block: RankedKVCacheBlock) -> None:
         entry = (self.policy.priority(block), -block.depth, block.block_id, block)
         self._entry[block.block_id] = entry
         self._index.add(entry)
 
-    def _drop(self, block: KVCacheBlock) -> None:
+    def _drop(self, block: RankedKVCacheBlock) -> None:
         entry = self._entry.pop(block.block_id, None)
         if entry is not None:
             self._index.remove(entry)
 
-    def check(self, blocks: list[KVCacheBlock]) -> None:
+    def check(self, blocks: list[RankedKVCacheBlock]) -> None:
         """InvariantError unless the index holds exactly the free cached leaves, with fresh
         keys, and every child count is right."""
         children = [0] * len(blocks)
