@@ -247,7 +247,7 @@ def test_a_pool_too_large_to_allocate_is_a_clear_error(backend: str) -> None:
         make_cache(backend, CacheConfig(10**15, 1))
 
 
-def test_only_a_ranked_pool_makes_blocks_with_policy_fields_and_a_taken_hash_fails_before_any_change() -> None:
+def test_only_a_ranked_pool_makes_blocks_with_policy_fields_a_taken_hash_fails_before_any_change() -> None:
     """vLLM's LRU pool creates plain blocks (a block per token at page size 1 is millions); a
     ranked policy's pool creates blocks carrying what the policy keeps, sized to the block.
     Caching a range where one block already has a hash raises and hashes none of them."""
