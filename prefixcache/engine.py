@@ -337,7 +337,9 @@ class Engine:
 
     def _admit_waiting(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
         self.peak_waiting = max(self.peak_waiting, len(self.waiting))
-        plan = self.scheduler.schedule(list(self.waiting), self._lookup)
+        # The queue itself, not a copy (a trace's backlog is thousands long and FCFS admits
+        # from its front): nothing below changes it before _remove_waiting.
+        plan = self.scheduler.schedule(self.waiting, self._lookup)
         admitted: set[str] = set()
         for req in plan.order:
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
