@@ -100,10 +100,10 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        while evicted < num_tokens and self._leaves:",
     ),
     "hashchain: the free queue walked on every allocation (O(cache size))": (
-        "backends/hashchain/block_pool.py",
-        "            blocks = self.free_block_queue.popleft_n(num_blocks)\n",
-        "            self.free_block_queue.get_all_free_blocks()\n"
-        "            blocks = self.free_block_queue.popleft_n(num_blocks)\n",
+        "backends/hashchain/eviction.py",
+        "        return pool.free_block_queue.popleft_n(num_blocks)\n",
+        "        pool.free_block_queue.get_all_free_blocks()\n"
+        "        return pool.free_block_queue.popleft_n(num_blocks)\n",
     ),
     "hashchain: a decode stretch reaches the token that fills a block": (
         "backends/hashchain/kv_cache_coordinator.py",

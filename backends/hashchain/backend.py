@@ -562,7 +562,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by {holders[b.block_id]}",
             )
         ensure(self.stats.evicted_tokens >= 0, "negative evicted_tokens")
-        ensure(set(self.manager.seen_fraction) <= live, "lrp keeps state for a request that is not live")
+        learning = set(self.block_pool.eviction.seen_fraction)
+        ensure(learning <= live, "lrp keeps state for a request that is not live")
         if self.offload is not None:
             self.offload.check_invariants(live)
 
@@ -570,6 +571,4 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         evicted = self.block_pool.num_evicted_blocks
         self.stats.evicted_tokens += (evicted - self._evicted_seen) * self.page_size
         self._evicted_seen = evicted
-        ranked = self.block_pool.ranked
-        if ranked is not None:
-            self.stats.orphaned_tokens = ranked.num_orphaned_blocks * self.page_size
+        self.stats.orphaned_tokens = self.block_pool.eviction.num_orphaned_blocks * self.page_size

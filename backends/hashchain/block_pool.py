@@ -14,12 +14,11 @@ reset; ``take_events`` drains them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from functools import partial
 from operator import attrgetter
 from typing import Any
 
-from prefixcache.backends.hashchain.block import KVCacheBlock, RankedKVCacheBlock
-from prefixcache.backends.hashchain.eviction import RankedEviction
+from prefixcache.backends.hashchain.block import KVCacheBlock
+from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, LazyBlocks
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
 from prefixcache.backends.hashchain.hashing import (
@@ -84,11 +83,12 @@ class BlockPool:
         ranked = leaf_lru or eviction_policy.lower() != "lru"
         if ranked and not unhashed_first:
             raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
-        self.ranked = RankedEviction(policy) if ranked else None
+        self.eviction: FreeQueueLRU | RankedEviction = (
+            RankedEviction(policy, block_size) if ranked else FreeQueueLRU()
+        )
         # Created on first use (free_queue.LazyBlocks), in the order vLLM's preallocated ones
         # leave the queue: ids, free order and eviction order as vLLM's.
-        make_block = partial(RankedKVCacheBlock, num_tokens=block_size) if ranked else KVCacheBlock
-        self.blocks = LazyBlocks(num_gpu_blocks, make_block)
+        self.blocks = LazyBlocks(num_gpu_blocks, self.eviction.make_block)
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # A cached block's keys beyond its own hash (partial tails, cache_partial_block), each also
@@ -169,13 +169,7 @@ class BlockPool:
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
         if self.enable_kv_cache_events:
             self._emit_block_stored(block_keys, num_cached_blocks, num_full_blocks, keys, cached_at)
-        ranked = self.ranked
-        if ranked is not None:
-            now = ranked.tick()
-            for i in cached_at:
-                before = blocks[i - 1] if i else None
-                parent = before if before is not None and before.block_hash is not None else None
-                ranked.cached(blocks[i], parent, i, i < num_prompt_blocks, now)
+        self.eviction.on_cached(blocks, cached_at, num_prompt_blocks)
 
     def _blocks_to_cache(
         self, block_keys: Sequence[BlockHashWithGroupId], blocks: list[KVCacheBlock], lo: int, hi: int,
@@ -224,7 +218,7 @@ class BlockPool:
         if self.enable_kv_cache_events and self.event_request is None:
             raise ValueError("KV events are on: set BlockPool.event_request to the request being allocated")
         if block.block_hash is None:  # its own hash was evicted while in use (evict_blocks)
-            if self.ranked is not None:
+            if not self.eviction.caches_partial_blocks:
                 return  # ours: a ranked policy indexes full blocks only, so no partial block is cached
             block.assign_hash(key)
         else:
@@ -251,10 +245,7 @@ class BlockPool:
             raise ValueError(
                 f"cannot get {num_blocks} free blocks from the pool ({self.get_num_free_blocks()} free)"
             )
-        if self.ranked is not None:
-            blocks = self._pop_ranked(num_blocks)
-        else:
-            blocks = self.free_block_queue.popleft_n(num_blocks)
+        blocks = self.eviction.take(self, num_blocks)
         if self.num_cached_free_blocks:  # else no free block carries a hash
             if self.enable_kv_cache_events:
                 self._emit_block_removed([key for b in blocks for key in self._keys_of(b)])
@@ -268,35 +259,14 @@ class BlockPool:
             block.ref_cnt += 1
         return blocks
 
-    def _pop_ranked(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Free blocks without a hash first (the queue's head), then the policy's victims,
-        each evicted at once so that its parent may be the next; with no free cached leaf
-        left, the queue's head (orphaning its children, counted)."""
-        ranked = self.ranked
-        assert ranked is not None
-        queue = self.free_block_queue
-        out = queue.popleft_n(min(num_blocks, queue.num_free_blocks - self.num_cached_free_blocks))
-        while len(out) < num_blocks:
-            victim = ranked.pop_victim()
-            if victim is None:
-                victim = queue.popleft()
-            else:
-                queue.remove(victim)
-            self.num_cached_free_blocks -= 1
-            self._maybe_evict_cached_block(victim)
-            out.append(victim)
-        return out
-
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A hit: take unreferenced blocks out of the free queue, then ref_cnt += 1."""
         queue = self.free_block_queue
-        ranked = self.ranked
-        now = ranked.tick() if ranked is not None else 0
+        blocks = list(blocks)
+        self.eviction.on_hit(blocks)
         for block in blocks:
             if block.is_null:  # we skip the null block's ref_cnt; vLLM bumps it and never reads it
                 continue
-            if ranked is not None:
-                ranked.hit(block, now)
             if block.ref_cnt == 0:
                 queue.remove(block)
                 if block.block_hash is not None:
@@ -323,15 +293,7 @@ class BlockPool:
                 released.append(block)
         if not released:
             return
-        if self.ranked is not None:
-            now = self.ranked.tick()
-            # released keeps the caller's order, a request's table tail first: tlru reads the
-            # cached tokens after each block (full blocks only, as radix's page-aligned key)
-            after = 0
-            for b in released:
-                if b.block_hash is not None:
-                    self.ranked.freed(b, now, after)
-                    after += b.num_tokens
+        self.eviction.on_freed(released)
         if self.unhashed_first:
             with_hash = [b for b in released if b.block_hash is not None]
             self.num_cached_free_blocks += len(with_hash)
@@ -363,37 +325,14 @@ class BlockPool:
         free blocks from the queue's head, so there it moves to the head (vLLM's one LRU queue
         leaves it in place)."""
         self.num_cached_free_blocks -= 1
-        if self.ranked is not None:
-            self.free_block_queue.remove(block)
-            self.free_block_queue.prepend_n((block,))
+        self.eviction.requeue_uncached(self, block)
         return self._maybe_evict_cached_block(block)
 
     def evict_lru_blocks(self, num_blocks: int) -> int:
         """Ours (vLLM evicts only lazily): drop the hashes of up to ``num_blocks`` cached
-        blocks from the head of the free queue (LRU first), or the policy's victims under a
-        ranked policy. The blocks stay free, now unhashed.
-        """
-        if self.ranked is not None:
-            return self._evict_ranked(num_blocks)
-        dropped = 0
-        queue = self.free_block_queue
-        block = queue.fake_free_list_head.next_free_block
-        while dropped < num_blocks and block is not None and block is not queue.fake_free_list_tail:
-            if block.block_hash is not None:
-                self.num_cached_free_blocks -= 1
-                dropped += self._maybe_evict_cached_block(block)
-            block = block.next_free_block
-        return dropped
-
-    def _evict_ranked(self, num_blocks: int) -> int:
-        assert self.ranked is not None
-        dropped = 0
-        while dropped < num_blocks:
-            victim = self.ranked.pop_victim()
-            if victim is None:
-                break  # every free cached block left is a parent whose child is in use
-            dropped += self._uncache_free_block(victim)
-        return dropped
+        blocks in the eviction order (the free queue's head first, LRU, or the policy's
+        victims). The blocks stay free, now unhashed."""
+        return self.eviction.evict(self, num_blocks)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every hash; refused (False, nothing changed) while any block is in use."""
@@ -402,8 +341,8 @@ class BlockPool:
         self.cached_block_hash_to_block.clear()
         self.cached_block_hashes_by_block.clear()
         for block in self.blocks.created():  # a block never used has no hash
-            if self.ranked is not None and block.block_hash is not None:
-                self.ranked.uncached(block)
+            if block.block_hash is not None:
+                self.eviction.uncached(block)
             block.reset_hash()
         self.num_cached_free_blocks = 0
         if self.enable_kv_cache_events:
@@ -423,8 +362,7 @@ class BlockPool:
         assert popped is block, f"block {block.block_id} has a hash but is not in the map"
         if self.enable_kv_cache_events:
             self._emit_block_removed(keys)
-        if self.ranked is not None:
-            self.ranked.uncached(block)
+        self.eviction.uncached(block)
         block.reset_hash()
         self.num_evicted_blocks += 1
         return True
@@ -594,10 +532,4 @@ class BlockPool:
             cached_free == self.num_cached_free_blocks,
             f"{cached_free} cached free blocks, counter says {self.num_cached_free_blocks}",
         )
-        if self.ranked is not None:
-            self.ranked.check(self.blocks)
-            unhashed = len(forward) - cached_free
-            ensure(
-                all(b.block_hash is None for b in forward[:unhashed]),
-                "ranked policy: a free block without a hash behind a cached one in the queue",
-            )
+        self.eviction.check(self)
