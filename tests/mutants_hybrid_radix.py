@@ -62,7 +62,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix eagle: the dense tree is built with plain keys": (
         "backends/radix/backend.py",
-        "            is_eagle=is_eagle,\n",
+        "            is_eagle=self.is_eagle,\n",
         "            is_eagle=False,\n",
     ),
     "radix eagle: the prompt split counts raw prompt tokens, not bigrams": (

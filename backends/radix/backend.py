@@ -152,16 +152,19 @@ class RadixPrefixCache(PrefixCache[_Live]):
         self.is_eagle = is_eagle
         self.kv_events = kv_events
         self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
-        self.tree = RadixCache(
-            config.page_size,
+        self.tree = self._new_tree(eviction_policy, clock, disable)
+
+    def _new_tree(self, eviction_policy: str, clock: Callable[[], float], disable: bool) -> RadixCache:
+        return RadixCache(
+            self.page_size,
             disable=disable,
-            is_eagle=is_eagle,
+            is_eagle=self.is_eagle,
             eviction_policy=eviction_policy,
             free_slots=self._free_slots,
             clock=clock,
             # SGLang: a disabled tree records nothing
-            events=RadixEventRecorder(config.page_size) if kv_events and not disable else None,
-            capacity=config.num_pages,
+            events=RadixEventRecorder(self.page_size) if self.kv_events and not disable else None,
+            capacity=self.config.num_pages,
             learns=True,  # this adapter feeds lrp (learn_admission, learn_release)
             whole_leaves=not self.page_granular,
         )
@@ -450,11 +453,12 @@ class RadixPrefixCache(PrefixCache[_Live]):
         try:
             self.tree.check()
         except AssertionError as e:
-            ensure(False, f"radix tree: {e}")
+            ensure(False, f"{type(self.tree).__name__}: {e}")
         p = self.page_size
         tree_pages: list[int] = []
         for node in self.tree.iter_nodes():
-            assert node.value is not None
+            if node.value is None:  # host-only (HiCache): no device page
+                continue
             pages = self._pages_of(node.value)
             whole = np.array_equal(self._slots(pages), node.value)
             ensure(whole, f"{node} holds slots that are not whole pages")

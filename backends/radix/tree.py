@@ -21,6 +21,11 @@ class TreeNode:
            a torch tensor on the KV pool's device; we simulate on the CPU with a numpy array.)
     lock_ref: running requests whose path passes through here; > 0 means protected.
     hit_count: requests whose inserted path passed through here (LFU / SLRU read it).
+
+    The host-backup component (HiCache, hicache_tree.py) keeps its data here too, so one node
+    type serves the tree with or without a host tier: ``host_value`` (host slots; None = no
+    copy), ``write_ack`` (the write-through copy in flight), ``host_lock_ref`` (pinned on host)
+    and ``load_pending`` (write_back: loaded, not yet acked).
     """
 
     __slots__ = (
@@ -39,6 +44,10 @@ class TreeNode:
         "policy_state",
         "reuse_class",
         "credited",
+        "host_value",
+        "write_ack",
+        "host_lock_ref",
+        "load_pending",
     )
 
     counter: ClassVar[int] = 0  # advances on every construction, as SGLang's class counter
@@ -61,6 +70,10 @@ class TreeNode:
         self.policy_state: tuple | None = None
         self.reuse_class: tuple = ()  # lrp: the class of the request that last unlocked it
         self.credited = False  # lrp: a hit since then was counted
+        self.host_value: SlotArray | None = None
+        self.write_ack: int | None = None
+        self.host_lock_ref = 0
+        self.load_pending = False
         self.id = TreeNode.counter
         TreeNode.counter += 1
 
@@ -71,6 +84,10 @@ class TreeNode:
     @property
     def evicted(self) -> bool:
         return self.value is None
+
+    @property
+    def backuped(self) -> bool:
+        return self.host_value is not None
 
     def __lt__(self, other: TreeNode) -> bool:
         return self.last_access_time < other.last_access_time
