@@ -17,9 +17,9 @@ _POOL = "backends/radix/mamba_pool.py"
 
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "mamba: a reset restarts the index version (a match from before it is trusted again)": (
-        _TREE,
-        "        self.lru: OrderedDict[int, MambaNode] = OrderedDict()\n        self.version += 1\n",
-        "        self.lru: OrderedDict[int, MambaNode] = OrderedDict()\n        self.version = 1\n",
+        "backends/radix/unified_tree.py",
+        "    def reset(self) -> None:\n        self.version += 1\n",
+        "    def reset(self) -> None:\n        self.version = 1\n",
     ),
     "mamba: a reset builds the backend a new tree (its version starts over)": (
         "backends/radix/mamba_backend.py",
@@ -48,15 +48,15 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     # A split leaves the upper part holding the lower part's state (not a tombstone).
     "mamba radix: split does not tombstone the upper part": (
-        _TREE,
+        "backends/radix/unified_tree.py",
         "        new.full_lock = child.full_lock\n",
         "        new.full_lock = child.full_lock\n        new.mamba = child.mamba\n",
     ),
     # Full eviction takes the most recently used leaf.
     "mamba radix: full eviction MRU first": (
         _TREE,
-        "leaf = min(leaves, key=lambda n: n.last_access)",
-        "leaf = max(leaves, key=lambda n: n.last_access)",
+        "leaf = min(leaves, key=lambda n: n.last_access_time)",
+        "leaf = max(leaves, key=lambda n: n.last_access_time)",
     ),
     # Mamba eviction walks its LRU from the new end.
     "mamba radix: state eviction MRU first": (

@@ -27,9 +27,11 @@ from typing import NamedTuple
 
 import numpy as np
 from prefixcache.backends.radix.key import RadixKey
-from prefixcache.backends.radix.swa_node import EMPTY, SWALRU, SWANode
+from prefixcache.backends.radix.swa_node import SWALRU
 from prefixcache.backends.radix.swa_pool import SWAPagePool
 from prefixcache.backends.radix.tree import SlotArray
+from prefixcache.backends.radix.unified_tree import EMPTY, UnifiedTreeCore
+from prefixcache.backends.radix.unified_tree import UnifiedTreeNode as SWANode
 
 
 class SWAMatch(NamedTuple):
@@ -44,40 +46,22 @@ class LockReceipt(NamedTuple):
     swa_uuid: int | None  # where the SWA lock's window ended (None: it reached the root)
 
 
-class SWARadixTree:
+class SWARadixTree(UnifiedTreeCore):
     def __init__(self, page_size: int, window: int, pool: SWAPagePool, is_eagle: bool = False) -> None:
         if window < 1:
             raise ValueError(f"SWA tree needs a positive window, got {window}")
-        self.page_size = page_size
+        super().__init__(page_size)
         self.window = window
         self.is_eagle = is_eagle
         self.pool = pool
-        self.version = 0  # ours, as RadixCache.version: changes whenever a match could change
-        self._time = 0.0
-        self._next_id = 0
         self._next_uuid = 0
         self.reset()
 
-    # ------------------------------------------------------------------ basics
-    def _tick(self) -> float:
-        """SGLang's ``get_and_increase_time_counter``."""
-        t = self._time
-        self._time += 1.0
-        return t
-
-    def _new_node(self) -> SWANode:
-        node = SWANode(self._next_id, self._tick())
-        self._tick()  # creation_time takes the next tick, as SGLang's node constructor
-        self._next_id += 1
-        return node
-
     def reset(self) -> None:
-        self.version += 1
-        self.root = self._new_node()
+        super().reset()
         self.root.swa = EMPTY
         self.lru = SWALRU()
         self.leaves: set[SWANode] = set()  # evictable device leaves
-        self.full_evictable = self.full_protected = 0
         self.swa_evictable = self.swa_protected = 0
 
     def _pages(self, slots: SlotArray) -> SlotArray:
@@ -115,26 +99,19 @@ class SWARadixTree:
         else:
             self.swa_evictable += len(swa)
 
-    def _split(self, child: SWANode, n: int) -> SWANode:
-        """parent -> new[:n] -> child[n:]; the new node inherits locks, the uuid moves up."""
-        assert child.parent is not None and child.value is not None and 0 < n < len(child.key)
-        new = self._new_node()
-        new.parent = child.parent
-        new.key, child.key = child.key[:n], child.key[n:]
-        new.children = {child.key.child_key(self.page_size): child}
-        new.full_lock, new.swa_lock = child.full_lock, child.swa_lock
-        new.value, child.value = child.value[:n].copy(), child.value[n:].copy()
+    def redistribute_on_node_split(self, new: SWANode, child: SWANode) -> None:
+        """The SWA part of a split: the lock is inherited, the uuid moves up, the new node goes
+        just after the child in the SWA LRU (its parent, so older)."""
+        new.swa_lock = child.swa_lock
         if child.swa is not None:
-            new.swa, child.swa = child.swa[:n].copy(), child.swa[n:].copy()
+            new.swa, child.swa = child.swa[: len(new.key)].copy(), child.swa[len(new.key) :].copy()
         new.swa_uuid, child.swa_uuid = child.swa_uuid, None
-        child.parent = new
-        new.parent.children[new.key.child_key(self.page_size)] = new
         if new.swa is not None:
             self.lru.insert_after(child, new)
-        child.last_access_time = self._tick()
+
+    def _on_split_done(self, new: SWANode, child: SWANode) -> None:
         self._update_leaf(new)
         self._update_leaf(child)
-        return new
 
     # ------------------------------------------------------------------ match
     def match_prefix(self, key: RadixKey) -> SWAMatch:
@@ -174,21 +151,6 @@ class SWARadixTree:
         chunks = values[:best_chunks]
         indices = np.concatenate(chunks) if chunks else EMPTY
         return SWAMatch(len(indices), indices, best, full_hit)
-
-    def _stamp_path(self, node: SWANode | None) -> None:
-        now = self._tick()
-        while node is not None:
-            node.last_access_time = now
-            now -= 0.00001
-            node = node.parent
-
-    def path_indices(self, node: SWANode) -> SlotArray:
-        chunks = []
-        while node is not self.root:
-            assert node.value is not None and node.parent is not None
-            chunks.append(node.value)
-            node = node.parent
-        return np.concatenate(chunks[::-1]) if chunks else EMPTY
 
     # ------------------------------------------------------------------ insert
     def insert(
@@ -311,15 +273,7 @@ class SWARadixTree:
         """Full lock on the path; SWA lock up to one window back (the window's end stamped)."""
         if node.value is None:
             raise ValueError(f"inc_lock_ref on deleted {node}")
-        cur = node
-        while cur is not self.root:
-            assert cur.parent is not None and cur.value is not None
-            if cur.full_lock == 0:
-                self.full_evictable -= len(cur.value)
-                self.full_protected += len(cur.value)
-            cur.full_lock += 1
-            self.leaves.discard(cur)
-            cur = cur.parent
+        self._lock_full(node)
         cur, covered, uuid = node, 0, None
         while cur is not self.root and covered < self.window:
             if cur.swa_lock == 0 and cur.swa is not None:
@@ -357,18 +311,8 @@ class SWARadixTree:
         """Undo ``inc_lock_ref`` (SWA first, then full); skip SWA if released early."""
         if not swa_released:
             self._release_swa_lock(receipt)
-        cur = receipt.node
-        while cur is not self.root:
-            if cur.full_lock <= 0:
-                raise RuntimeError(f"unbalanced full lock release at {cur}")
-            assert cur.value is not None and cur.parent is not None
-            if cur.full_lock == 1:
-                self.full_evictable += len(cur.value)
-                self.full_protected -= len(cur.value)
-            cur.full_lock -= 1
-            if cur.full_lock == 0:
-                self._update_leaf(cur)
-            cur = cur.parent
+        for cur in self._unlock_full(receipt.node):
+            self._update_leaf(cur)
         self._update_leaf(receipt.node)
 
     # ------------------------------------------------------------------ eviction
@@ -475,32 +419,14 @@ class SWARadixTree:
             cur = cur.parent
 
     # ------------------------------------------------------------------ inspection
-    def iter_nodes(self) -> list[SWANode]:
-        out, stack = [], list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
-
     def check(self) -> None:
         """AssertionError unless links, sizes, locks, the leaf set and the SWA list agree."""
-        fe = fp = se = sp = 0
+        self._check_full()
+        se = sp = 0
         leaves, in_lru = set(), set()
         for node in self.iter_nodes():
-            parent = node.parent
-            assert parent is not None and node.value is not None, f"{node} detached or deleted"
-            assert len(node.value) == len(node.key) > 0 and len(node.key) % self.page_size == 0, (
-                f"{node}: bad length"
-            )
-            assert parent.children.get(node.key.child_key(self.page_size)) is node, f"{node} misfiled"
-            assert node.full_lock >= 0 and node.swa_lock >= 0, f"{node}: negative lock"
+            assert node.value is not None
             assert node.swa_lock == 0 or node.full_lock > 0, f"{node}: an SWA lock without a full lock"
-            if node.full_lock:
-                fp += len(node.value)
-                assert parent is self.root or parent.full_lock > 0, f"{node} locked, its parent not"
-            else:
-                fe += len(node.value)
             if node.swa is not None:
                 assert len(node.swa) == len(node.value), f"{node}: swa length"
                 assert np.array_equal(self.to_swa(node.value), node.swa), f"{node}: swa slots != mapping"
@@ -515,7 +441,6 @@ class SWARadixTree:
                 )
             if self._is_leaf(node):
                 leaves.add(node.id)
-        assert (fe, fp) == (self.full_evictable, self.full_protected), f"full sizes drifted: {(fe, fp)}"
         assert (se, sp) == (self.swa_evictable, self.swa_protected), f"swa sizes drifted: {(se, sp)}"
         assert {n.id for n in self.leaves} == leaves, "evictable leaf set is stale"
         assert in_lru == self.lru.members == {n.id for n in self.lru.order()}, "SWA LRU != live SWA nodes"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -12,6 +12,25 @@ from prefixcache.backends.radix.key import ChildKey, RadixKey
 
 SlotArray = npt.NDArray[np.int64]
 ROOT_PRIORITY = -sys.maxsize  # any real priority overrides the root's
+
+
+class _Node(Protocol):
+    @property
+    def children(self) -> dict[Any, Any]: ...
+
+
+N = TypeVar("N", bound=_Node)
+
+
+def iter_nodes(root: N) -> list[N]:
+    """Every node below ``root`` (itself excluded), parents before children."""
+    out: list[N] = []
+    stack: list[N] = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
 
 
 class TreeNode:
