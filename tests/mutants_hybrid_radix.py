@@ -14,7 +14,7 @@ SUITES = [
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "radix swa: tombstone treated as live (match does not reset at a tombstone)": (
         "backends/radix/swa_tree.py",
-        "            if child.swa is None:\n                since = 0\n",
+        "            if node.swa is None:\n                since = 0\n",
         "            if False:\n                since = 0\n",
     ),
     "radix swa: an SWA lock does not move the node out of the evictable size": (

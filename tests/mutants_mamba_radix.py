@@ -31,8 +31,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # checkpoint (the match is not cut back to the deepest node holding a state).
     "mamba radix: state hit off the checkpoint": (
         _TREE,
-        "            if node.mamba is not None:\n                best, best_len = node, pos\n",
-        "            if True:\n                best, best_len = node, pos\n",
+        "        walk = self._match_walk(key, lambda node: node.mamba is not None)\n",
+        "        walk = self._match_walk(key, lambda node: True)\n",
     ),
     # The Mamba lock no longer pins the locked node's state against Mamba eviction.
     "mamba radix: Mamba lock ignored by state eviction": (
@@ -67,8 +67,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # A match refreshes nothing in the Mamba LRU (SGLang: the used state goes to MRU).
     "mamba radix: match does not refresh the used state": (
         _TREE,
-        "        if best.mamba is not None:\n            self.lru.move_to_end(best.id)\n",
-        "        if False:\n            self.lru.move_to_end(best.id)\n",
+        "        if walk.best.mamba is not None:\n            self.lru.move_to_end(walk.best.id)\n",
+        "        if False:\n            self.lru.move_to_end(walk.best.id)\n",
     ),
     # No state copied at a prefill chunk end (SGLang's cache_unfinished_req stores one).
     "mamba radix: no state at chunk ends": (

@@ -23,10 +23,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
-import numpy as np
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.tree import SlotArray
-from prefixcache.backends.radix.unified_tree import EMPTY, UnifiedTreeCore
+from prefixcache.backends.radix.unified_tree import UnifiedTreeCore
 from prefixcache.backends.radix.unified_tree import UnifiedTreeNode as MambaNode
 
 
@@ -95,28 +94,12 @@ class MambaRadixTree(UnifiedTreeCore):
     def match_prefix(self, key: RadixKey) -> MambaMatch:
         """The split leaves its new upper part a Mamba tombstone (its state, at its own end,
         was never computed)."""
-        node, best, best_len, pos = self.root, self.root, 0, 0
-        values: list[SlotArray] = []
-        while pos < len(key):
-            child = node.children.get(key[pos:].child_key())
-            if child is None:
-                break
-            n = child.key.match(key[pos:])
-            diverged = n < len(child.key)
-            if diverged:
-                child = self._split(child, n)
-            assert child.value is not None
-            values.append(child.value)
-            node, pos = child, pos + n
-            if node.mamba is not None:
-                best, best_len = node, pos
-            if diverged:
-                break
-        if best.mamba is not None:
-            self.lru.move_to_end(best.id)
-        self._stamp_path(best)  # the best node and its ancestors only
-        indices = np.concatenate(values)[:best_len] if values else EMPTY
-        return MambaMatch(best_len, indices, best, pos, node)
+        walk = self._match_walk(key, lambda node: node.mamba is not None)
+        if walk.best.mamba is not None:
+            self.lru.move_to_end(walk.best.id)
+        self._stamp_path(walk.best)  # the best node and its ancestors only
+        indices = walk.indices()
+        return MambaMatch(len(indices), indices, walk.best, walk.length, walk.last)
 
     def insert(
         self, key: RadixKey, value: SlotArray, mamba: int | None, prev_prefix_len: int = 0
@@ -126,28 +109,15 @@ class MambaRadixTree(UnifiedTreeCore):
         [prev_prefix_len, already cached) are duplicates and are freed here, in walk order."""
         if len(value) != len(key):
             raise ValueError(f"insert of {len(key)} tokens with {len(value)} slots")
-        node, pos = self.root, 0
-        self.root.last_access_time = self._tick()
-        while pos < len(key):
-            child = node.children.get(key[pos:].child_key())
-            if child is None:
-                break
-            child.last_access_time = self._tick()
-            n = child.key.match(key[pos:])
-            if n < len(child.key):
-                child = self._split(child, n)
-            dup_start = max(0, prev_prefix_len - pos)
+
+        def overlap(child: MambaNode, start: int, n: int) -> None:
+            dup_start = max(0, prev_prefix_len - start)
             if dup_start < n:
-                self.free_slots(value[pos + dup_start : pos + n])
-            node, pos = child, pos + n
+                self.free_slots(value[start + dup_start : start + n])
+
+        node, pos = self._insert_walk(key, overlap)
         if pos < len(key):
-            leaf = self._new_node()
-            leaf.parent = node
-            leaf.key = RadixKey(key.token_ids[pos:].copy(), key.extra_key)
-            leaf.value = value[pos:].copy()
-            node.children[leaf.key.child_key()] = leaf
-            self.full_evictable += len(leaf.value)
-            self.version += 1
+            leaf = self._add_leaf(node, key[pos:], value[pos:])
             if mamba is not None:
                 self._set_state(leaf, mamba)
             return MambaInsert(pos, leaf, False)

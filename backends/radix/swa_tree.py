@@ -23,6 +23,7 @@ match's best node / an insert's target, the deepest first (parents older).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -109,10 +110,6 @@ class SWARadixTree(UnifiedTreeCore):
         if new.swa is not None:
             self.lru.insert_after(child, new)
 
-    def _on_split_done(self, new: SWANode, child: SWANode) -> None:
-        self._update_leaf(new)
-        self._update_leaf(child)
-
     # ------------------------------------------------------------------ match
     def match_prefix(self, key: RadixKey) -> SWAMatch:
         """Longest prefix whose full KV is cached and whose SWA holds one window before its
@@ -121,36 +118,26 @@ class SWARadixTree(UnifiedTreeCore):
         key = key.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(self.page_size)
         if len(key) == 0:
             return SWAMatch(0, EMPTY, self.root, 0)
-        node, pos, full_hit = self.root, 0, 0
-        values: list[SlotArray] = []
-        best, best_chunks = self.root, 0
+        walk = self._match_walk(key, self.create_match_validator())
+        self.lru.refresh_window(walk.best, self.root, self.window + self.page_size)
+        self._stamp_path(walk.best)
+        indices = walk.indices()
+        return SWAMatch(len(indices), indices, walk.best, walk.length)
+
+    def create_match_validator(self) -> Callable[[SWANode], bool]:
+        """The SWA component's rule: a match may end where at least one window of untombstoned
+        tokens follows the last tombstone on the path."""
         since = float("inf")  # untombstoned tokens since the last tombstone
-        while pos < len(key):
-            child = node.children.get(key[pos:].child_key(self.page_size))
-            if child is None:
-                break
-            n = child.key.match(key[pos:], self.page_size)
-            full_hit += n
-            partial = n < len(child.key)
-            if partial:
-                child = self._split(child, n)
-            assert child.value is not None
-            values.append(child.value)
-            if child.swa is None:
+
+        def accept(node: SWANode) -> bool:
+            nonlocal since
+            if node.swa is None:
                 since = 0
-            else:
-                since += len(child.key)
-                if since >= self.window:
-                    best, best_chunks = child, len(values)
-            node = child
-            pos += n
-            if partial:
-                break
-        self.lru.refresh_window(best, self.root, self.window + self.page_size)
-        self._stamp_path(best)
-        chunks = values[:best_chunks]
-        indices = np.concatenate(chunks) if chunks else EMPTY
-        return SWAMatch(len(indices), indices, best, full_hit)
+                return False
+            since += len(node.key)
+            return since >= self.window
+
+        return accept
 
     # ------------------------------------------------------------------ insert
     def insert(
@@ -171,23 +158,15 @@ class SWARadixTree(UnifiedTreeCore):
         value = np.asarray(value, dtype=np.int64)[: len(key)]
         if len(value) != len(key):
             raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
-        self.root.last_access_time = self._tick()
-        node, total = self.root, 0
-        while total < len(key):
-            child = node.children.get(key[total:].child_key(self.page_size))
-            if child is None:
-                break
-            child.last_access_time = self._tick()
-            n = child.key.match(key[total:], self.page_size)
-            if n < len(child.key):
-                child = self._split(child, n)
-            self._overlap(child, total, value[total : total + n], prev_prefix_len, swa_evicted_seqlen)
-            node, total = child, total + n
+
+        def overlap(child: SWANode, start: int, n: int) -> None:
+            self._overlap(child, start, value[start : start + n], prev_prefix_len, swa_evicted_seqlen)
+
+        node, total = self._insert_walk(key, overlap)
         prefix_len = total
         target = node
         if total < len(key):
             target = self._add_leaf(node, key[total:], value[total:])
-            self.version += 1
             self._populate(target, total, len(key), swa_evicted_seqlen)
         if target is not self.root:
             self.lru.refresh_window(target, self.root, self.window + self.page_size)
@@ -239,17 +218,6 @@ class SWARadixTree(UnifiedTreeCore):
         if live_start > start:
             self._split(node, live_start - start)  # ``node`` keeps the upper part
         return live_start
-
-    def _add_leaf(self, parent: SWANode, key: RadixKey, value: SlotArray) -> SWANode:
-        leaf = self._new_node()
-        leaf.parent = parent
-        leaf.key = key.copy()
-        leaf.value = value.copy()
-        parent.children[leaf.key.child_key(self.page_size)] = leaf
-        self.full_evictable += len(value)
-        self._update_leaf(leaf)
-        self._update_leaf(parent)
-        return leaf
 
     def _populate(self, leaf: SWANode, start: int, end: int, evicted: int) -> None:
         """``commit_insert_component_data`` for a new leaf: give it SWA KV where the inserter

@@ -9,6 +9,9 @@ last_access_time and creation_time), one per stamp.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 from prefixcache.backends.radix.key import ChildKey, RadixKey
 from prefixcache.backends.radix.tree import SlotArray, iter_nodes
@@ -68,6 +71,19 @@ class UnifiedTreeNode:
         )
 
 
+class MatchWalk(NamedTuple):
+    values: list[SlotArray]  # full slots of each node walked, in order
+    best: UnifiedTreeNode  # deepest node the components' validator accepted (the root for none)
+    best_nodes: int  # nodes of ``values`` up to ``best``
+    length: int  # tokens whose full KV matched (``full_kv_hit_length``)
+    last: UnifiedTreeNode  # deepest node walked
+
+    def indices(self) -> SlotArray:
+        """The full slots of the accepted part, in token order."""
+        chunks = self.values[: self.best_nodes]
+        return np.concatenate(chunks) if chunks else EMPTY
+
+
 class UnifiedTreeCore:
     """What every component mix shares. Subclasses call ``reset`` (which builds the root) at the
     end of their ``__init__`` and add their component's sizes in ``reset``."""
@@ -113,14 +129,72 @@ class UnifiedTreeCore:
         new.parent.children[new.key.child_key(self.page_size)] = new
         self.redistribute_on_node_split(new, child)
         child.last_access_time = self._tick()
-        self._on_split_done(new, child)
+        self._update_leaf(new)
+        self._update_leaf(child)
         return new
 
     def redistribute_on_node_split(self, new: UnifiedTreeNode, child: UnifiedTreeNode) -> None:
         """The components' part of a split (none in the core)."""
 
-    def _on_split_done(self, new: UnifiedTreeNode, child: UnifiedTreeNode) -> None:
-        """After the split's stamps (leaf bookkeeping, where a component keeps it)."""
+    def _update_leaf(self, node: UnifiedTreeNode) -> None:
+        """Re-file ``node`` in an evictable-leaf index, for a tree that keeps one."""
+
+    # ------------------------------------------------------------------ the walks
+    def _match_walk(self, key: RadixKey, accept: Callable[[UnifiedTreeNode], bool]) -> MatchWalk:
+        """Walk ``key`` down, splitting where it ends inside a node; ``accept`` (the components'
+        ``create_match_validator``) is asked of each node in order whether a match may end there."""
+        node, pos = self.root, 0
+        values: list[SlotArray] = []
+        best, best_nodes = self.root, 0
+        while pos < len(key):
+            child = node.children.get(key[pos:].child_key(self.page_size))
+            if child is None:
+                break
+            n = child.key.match(key[pos:], self.page_size)
+            partial = n < len(child.key)
+            if partial:
+                child = self._split(child, n)
+            assert child.value is not None
+            values.append(child.value)
+            node, pos = child, pos + n
+            if accept(child):
+                best, best_nodes = child, len(values)
+            if partial:
+                break
+        return MatchWalk(values, best, best_nodes, pos, node)
+
+    def _insert_walk(
+        self, key: RadixKey, overlap: Callable[[UnifiedTreeNode, int, int], None]
+    ) -> tuple[UnifiedTreeNode, int]:
+        """An insert's walk: the root and each node walked stamped, a split where ``key`` ends
+        inside a node, ``overlap(node, start, n)`` (``update_component_on_insert_overlap``) for
+        each node's ``n`` tokens from ``start``. Returns the last node and the tokens walked."""
+        self.root.last_access_time = self._tick()
+        node, pos = self.root, 0
+        while pos < len(key):
+            child = node.children.get(key[pos:].child_key(self.page_size))
+            if child is None:
+                break
+            child.last_access_time = self._tick()
+            n = child.key.match(key[pos:], self.page_size)
+            if n < len(child.key):
+                child = self._split(child, n)
+            overlap(child, pos, n)
+            node, pos = child, pos + n
+        return node, pos
+
+    def _add_leaf(self, parent: UnifiedTreeNode, key: RadixKey, value: SlotArray) -> UnifiedTreeNode:
+        """A new leaf with the FULL component's data (own copies of the tokens and slots)."""
+        leaf = self._new_node()
+        leaf.parent = parent
+        leaf.key = key.copy()
+        leaf.value = value.copy()
+        parent.children[leaf.key.child_key(self.page_size)] = leaf
+        self.full_evictable += len(value)
+        self._update_leaf(leaf)
+        self._update_leaf(parent)
+        self.version += 1
+        return leaf
 
     def _stamp_path(self, node: UnifiedTreeNode | None) -> None:
         """A match's stamp: ``node`` and its ancestors, each a little older than its child."""
