@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from prefixcache.backends.radix.adapter import slot_pages
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.swa_node import SWALRU
 from prefixcache.backends.radix.swa_pool import SWAPagePool
@@ -66,7 +67,7 @@ class SWARadixTree(UnifiedTreeCore):
         self.swa_evictable = self.swa_protected = 0
 
     def _pages(self, slots: SlotArray) -> SlotArray:
-        return slots[:: self.page_size] // self.page_size  # type: ignore[no-any-return]
+        return slot_pages(slots, self.page_size)
 
     def to_swa(self, full_slots: SlotArray) -> SlotArray:
         """``translate_loc_from_full_to_swa`` (0 where a slot has no SWA peer)."""
