@@ -87,8 +87,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix eagle: the SWA tree is built with plain keys": (
         "backends/radix/swa_backend.py",
-        "        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle)",
-        "        self.tree = SWARadixTree(p, self.window, self.pool)",
+        "SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle, events=self.events)",
+        "SWARadixTree(p, self.window, self.pool, events=self.events)",
     ),
     "radix eagle: the Mamba cache silently accepts is_eagle": (
         "backends/radix/mamba_backend.py",

@@ -204,6 +204,9 @@ CONFIGS: dict[str, tuple[str, int, Any, dict[str, Any]]] = {
     "hashchain_p16_gptoss": ("hashchain", 16, (("sliding_window", 32), ("full",)), {}),
     "radix_p1": ("radix", 1, None, {}),
     "radix_p16": ("radix", 16, None, {}),
+    # the unified tree's components: full + sliding window (pages of 4), full + Mamba
+    "radix_swa_p4": ("radix", 4, (("sliding_window", 8), ("full",)), {}),
+    "radix_mamba_p1": ("radix", 1, (("mamba", 4), ("full",)), {}),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.tree import SlotArray
 
 from prefixcache.interface import PageUsage, PrefixCache, ensure
@@ -46,12 +47,30 @@ class RadixAdapter(PrefixCache[S]):
 
     name = "radix"
     tree: Any
+    events: RadixEventRecorder | None = None  # the recorder the tree reports to (kv_events)
+
+    @property
+    def kv_events(self) -> bool:
+        return self.events is not None
 
     def _slots(self, pages: PageIds) -> SlotArray:
         return page_slots(pages, self.page_size)
 
     def _pages_of(self, slots: SlotArray) -> PageIds:
         return slot_pages(slots, self.page_size)
+
+    def take_events(self) -> list[object]:
+        """The tree's KV events since the last call (SGLang's ``kv_events.take``); [] when off."""
+        return self.events.take() if self.events is not None else []
+
+    def _event_recorder(self, kv_events: bool, is_eagle: bool) -> RadixEventRecorder | None:
+        """SGLang's ``enable_kv_cache_events``: a recorder for the tree to report to (events.py;
+        needs msgspec), or None. Not with ``is_eagle`` (bigram-keyed pages, not modelled)."""
+        if not isinstance(kv_events, bool):
+            raise ValueError(f"kv_events must be a bool, got {kv_events!r}")
+        if kv_events and is_eagle:
+            raise ValueError("kv_events with is_eagle (bigram-keyed pages) is not modelled")
+        return RadixEventRecorder(self.page_size) if kv_events else None
 
     def _index_version(self) -> int:
         return self.tree.version  # type: ignore[no-any-return]

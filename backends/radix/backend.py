@@ -31,7 +31,6 @@ from typing import cast
 
 import numpy as np
 from prefixcache.backends.radix.adapter import RadixAdapter
-from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey, TokenArray
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
@@ -139,10 +138,6 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         if kv_events and eviction_granularity != "leaf":
             raise ValueError("kv_events with eviction_granularity='page' (a split victim) is not modelled")
         self.page_granular = eviction_granularity == "page"
-        if not isinstance(kv_events, bool):
-            raise ValueError(f"kv_events must be a bool, got {kv_events!r}")
-        if kv_events and is_eagle:
-            raise ValueError("kv_events with is_eagle (bigram-keyed pages) is not modelled")
         if config.is_hybrid:
             raise ValueError(
                 f"RadixPrefixCache is the dense cache; layout {config.model_layout.describe()} needs "
@@ -151,7 +146,7 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         super().__init__(config)
         self.need_sort = need_sort
         self.is_eagle = is_eagle
-        self.kv_events = kv_events
+        self.events = self._event_recorder(kv_events, is_eagle)
         self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
         self.tree = self._new_tree(eviction_policy, clock, disable)
 
@@ -164,7 +159,7 @@ class RadixPrefixCache(RadixAdapter[_Live]):
             free_slots=self._free_slots,
             clock=clock,
             # SGLang: a disabled tree records nothing
-            events=RadixEventRecorder(self.page_size) if self.kv_events and not disable else None,
+            events=None if disable else self.events,
             capacity=self.config.num_pages,
             learns=True,  # this adapter feeds lrp (learn_admission, learn_release)
             whole_leaves=not self.page_granular,
@@ -396,10 +391,6 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         self.pool.free(live.pages[live.protected // p : written])
         self.tree.dec_lock_ref(live.last_node)
         self.pool.free(live.pages[written:])
-
-    def take_events(self) -> list[object]:
-        """The tree's KV events since the last call (SGLang's ``kv_events.take``); [] when off."""
-        return self.tree.events.take() if self.tree.events is not None else []
 
     def _evict(self, num_tokens: int) -> int:
         freed = self.tree.evict(num_tokens)

@@ -24,10 +24,21 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
-from prefixcache.backends.radix.tree import TreeNode
+from prefixcache.backends.radix.key import RadixKey
+
+
+class TreeNode(Protocol):
+    """What the recorder reads of a node, of either tree (tree.py, unified_tree.py)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def key(self) -> RadixKey: ...
+    @property
+    def parent(self) -> TreeNode | None: ...
 
 SALT_SEED_TAG = b"sglang-cache-salt-v1\0"
 _UINT32_MAX = (1 << 32) - 1

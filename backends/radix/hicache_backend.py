@@ -71,6 +71,7 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         need_sort: bool = False,
         disable: bool = False,
         is_eagle: bool = False,
+        kv_events: bool = False,
     ) -> None:
         if not isinstance(host_tier, HostTierConfig):
             raise ValueError(f"host_tier must be a HostTierConfig, got {type(host_tier).__name__}")
@@ -83,6 +84,12 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             raise ValueError("HiCache needs the radix cache: disable=True with a host tier")
         if is_eagle:
             raise ValueError("the radix host tier does not model EAGLE bigram keys")
+        if kv_events is not False:
+            raise ValueError(
+                "kv_events with a radix host tier is not modelled yet: SGLang 0.5.23's HiCache "
+                "emits BlockStored / BlockRemoved for the device and host (CPU) media, which ours "
+                "does not reproduce; use kv_events without host_tier, or host_tier without events"
+            )
         host_tier.reject_fields("radix", HASHCHAIN_ONLY_FIELDS)
         self.host_tier = host_tier
         self.write_policy = host_tier.write_policy or DEFAULT_WRITE_POLICY

@@ -105,7 +105,11 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         need_sort: bool = False,
         disable: bool = False,
         is_eagle: bool = False,
+        kv_events: bool = False,
     ) -> None:
+        """kv_events: SGLang's ``enable_kv_cache_events`` on its unified tree: BlockStored for
+        each new leaf, BlockRemoved for each deleted node (a Mamba tombstone emits nothing),
+        AllBlocksCleared at every reset (unified_tree.py)."""
         if not isinstance(config, CacheConfig):
             raise ValueError(f"config must be a CacheConfig, got {type(config).__name__}")
         layout = config.model_layout
@@ -147,7 +151,8 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         order = self._marconi_order if self.eviction_policy == "marconi" else None
         # One tree for the cache's life: its reset keeps the version counting, so a match
         # taken before a reset is revalidated after it (a new tree restarted the count).
-        self.tree = MambaRadixTree(self._free_slots, self._free_state, order)
+        self.events = self._event_recorder(kv_events, False)
+        self.tree = MambaRadixTree(self._free_slots, self._free_state, order, events=self.events)
 
     def _new_pools(self) -> None:
         self.kv = PagePool(self.sizes.kv_tokens + 1)

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.tree import SlotArray
 from prefixcache.backends.radix.unified_tree import UnifiedTreeCore
@@ -56,8 +57,9 @@ class MambaRadixTree(UnifiedTreeCore):
         free_slots: Callable[[SlotArray], None],
         free_state: Callable[[int], None],
         order: EvictionOrder | None = None,
+        events: RadixEventRecorder | None = None,
     ) -> None:
-        super().__init__(page_size=1)
+        super().__init__(1, events)
         self.free_slots = free_slots
         self.free_state = free_state
         self.order = order
@@ -163,9 +165,8 @@ class MambaRadixTree(UnifiedTreeCore):
         if leaf.mamba is not None:
             self._drop_state(leaf)
             states = 1
-        del leaf.parent.children[leaf.key.child_key()]
         self.full_evictable -= len(leaf.value)
-        self.version += 1
+        self._unlink(leaf)
         return len(leaf.value), states
 
     def evictable_leaves(self) -> list[MambaNode]:

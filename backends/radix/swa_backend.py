@@ -87,7 +87,11 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         need_sort: bool = False,
         disable: bool = False,
         is_eagle: bool = False,
+        kv_events: bool = False,
     ) -> None:
+        """kv_events: SGLang's ``enable_kv_cache_events`` on its unified tree: BlockStored for
+        each new leaf, BlockRemoved for each deleted node (a tombstone emits nothing),
+        AllBlocksCleared at every reset (unified_tree.py); not with ``is_eagle``."""
         if eviction_policy != "lru" or need_sort or disable:
             raise ValueError(
                 "the hybrid SWA radix cache supports eviction_policy='lru', need_sort=False and "
@@ -106,12 +110,13 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         self.swa_eviction_interval = swa_eviction_interval
         self.is_eagle = is_eagle
         self.sizes = swa_pool_sizes(config, swa_full_tokens_ratio)
+        self.events = self._event_recorder(kv_events, is_eagle)  # one stream across resets
         self._new_pools()
 
     def _new_pools(self) -> None:
         p = self.page_size
         self.pool = SWAPagePool(self.sizes.full_tokens // p + 1, self.sizes.swa_tokens // p + 1, page_size=p)
-        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle)
+        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle, events=self.events)
 
     # ------------------------------------------------------------------ layout
     def kv_groups(self) -> tuple[KVGroup, ...]:

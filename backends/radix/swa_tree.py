@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 from prefixcache.backends.radix.adapter import slot_pages
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.swa_node import SWALRU
 from prefixcache.backends.radix.swa_pool import SWAPagePool
@@ -49,10 +50,19 @@ class LockReceipt(NamedTuple):
 
 
 class SWARadixTree(UnifiedTreeCore):
-    def __init__(self, page_size: int, window: int, pool: SWAPagePool, is_eagle: bool = False) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        window: int,
+        pool: SWAPagePool,
+        is_eagle: bool = False,
+        events: RadixEventRecorder | None = None,
+    ) -> None:
         if window < 1:
             raise ValueError(f"SWA tree needs a positive window, got {window}")
-        super().__init__(page_size)
+        if events is not None and is_eagle:
+            raise ValueError("kv_events with is_eagle (bigram-keyed pages) is not modelled")
+        super().__init__(page_size, events)
         self.window = window
         self.is_eagle = is_eagle
         self.pool = pool
@@ -299,12 +309,8 @@ class SWARadixTree(UnifiedTreeCore):
             self.pool.free_swa(pages)
         self.pool.full.free(pages)
         self.leaves.discard(node)
-        parent = node.parent
-        removed = parent.children.pop(node.key.child_key(self.page_size))
-        assert removed is node
         node.value = None
-        self.version += 1
-        self._update_leaf(parent)
+        self._unlink(node)
 
     def _tombstone(self, node: SWANode, freed: list[int]) -> None:
         assert node.swa is not None and node.value is not None

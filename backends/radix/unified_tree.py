@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import ChildKey, RadixKey
 from prefixcache.backends.radix.tree import SlotArray, iter_nodes
 
@@ -88,8 +89,11 @@ class UnifiedTreeCore:
     """What every component mix shares. Subclasses call ``reset`` (which builds the root) at the
     end of their ``__init__`` and add their component's sizes in ``reset``."""
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, events: RadixEventRecorder | None = None) -> None:
         self.page_size = page_size
+        # SGLang's ``kv_events`` recorder (None: off), a tree observer: BlockStored for each new
+        # leaf, BlockRemoved for each deleted node, AllBlocksCleared at every reset (events.py).
+        self.events = events
         # Ours, as RadixCache.version: changes whenever a match could change. It keeps counting
         # across resets: a match taken before one must never find its version again.
         self.version = 0
@@ -102,6 +106,13 @@ class UnifiedTreeCore:
         self.version += 1
         self.root = self._new_node()
         self.full_evictable = self.full_protected = 0
+        if self.events is not None:
+            self.events.record_all_cleared()
+
+    @property
+    def root_node(self) -> UnifiedTreeNode:
+        """The root, by SGLang's name for it."""
+        return self.root
 
     def _tick(self) -> float:
         """SGLang's ``get_and_increase_time_counter``."""
@@ -194,7 +205,20 @@ class UnifiedTreeCore:
         self._update_leaf(leaf)
         self._update_leaf(parent)
         self.version += 1
+        if self.events is not None:
+            self.events.record_store(leaf)
         return leaf
+
+    def _unlink(self, node: UnifiedTreeNode) -> None:
+        """Take a deleted leaf out of its parent (its parent link is kept, as SGLang's)."""
+        parent = node.parent
+        assert parent is not None and not node.children
+        removed = parent.children.pop(node.key.child_key(self.page_size))
+        assert removed is node, f"{parent} does not file {node} under its child key"
+        self.version += 1
+        if self.events is not None:
+            self.events.record_remove(node)
+        self._update_leaf(parent)
 
     def _stamp_path(self, node: UnifiedTreeNode | None) -> None:
         """A match's stamp: ``node`` and its ancestors, each a little older than its child."""
