@@ -47,6 +47,22 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        if self.events is not None:\n            self.events.record_store(leaf)\n",
         "",
     ),
+    "kv events hicache: a write-through ack publishes no host copy": (
+        "backends/radix/hicache_tree.py",
+        "                if self.events is not None:  # finish_write_through: every fragment published\n"
+        "                    self.events.record_store(node, MEDIUM_HOST)\n",
+        "",
+    ),
+    "kv events hicache: a split fragment under a write is published after the lower part": (
+        "backends/radix/hicache_tree.py",
+        "            fragments.insert(fragments.index(child), new)",
+        "            fragments.append(new)",
+    ),
+    "kv events hicache: a demoted node's device copy is not removed": (
+        "backends/radix/hicache_tree.py",
+        "        if self.events is not None:\n            self.events.record_remove(node)\n",
+        "",
+    ),
     "kv events radix: no BlockRemoved for an evicted leaf": (
         "backends/radix/radix_cache.py",
         "                self.events.record_remove(leaf)",

@@ -19,6 +19,11 @@ With ``host_tier.storage`` the L3 tier (hicache_storage.py) adds: a write-throug
 node on to L3; a lookup of a request not live starts its prefetch (the enqueue; ``enqueue``
 starts it without the admission poll) and polls it (``Match.pending`` while the policy holds
 it); ``advance_transfers`` moves prefetched pages and storage acks along.
+
+``kv_events=True``: the tree records SGLang 0.5.23's events on both media (hicache_tree.py):
+device (GPU) stores and removals as the dense tree's, plus a revival's store and a demotion's
+removal; host (CPU_PINNED) stores when a copy is published (a write-through ack, a write-back
+copy, a prefetched node) and removals when a host copy goes.
 """
 
 from __future__ import annotations
@@ -84,12 +89,6 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             raise ValueError("HiCache needs the radix cache: disable=True with a host tier")
         if is_eagle:
             raise ValueError("the radix host tier does not model EAGLE bigram keys")
-        if kv_events is not False:
-            raise ValueError(
-                "kv_events with a radix host tier is not modelled yet: SGLang 0.5.23's HiCache "
-                "emits BlockStored / BlockRemoved for the device and host (CPU) media, which ours "
-                "does not reproduce; use kv_events without host_tier, or host_tier without events"
-            )
         host_tier.reject_fields("radix", HASHCHAIN_ONLY_FIELDS)
         self.host_tier = host_tier
         self.write_policy = host_tier.write_policy or DEFAULT_WRITE_POLICY
@@ -98,7 +97,9 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         self.device_tokens = config.num_usable_pages * config.page_size
         self.host_size = host_pool_tokens(host_tier, self.device_tokens, config.page_size)
         self.cached_tokens_device = self.cached_tokens_host = 0
-        super().__init__(config, eviction_policy=eviction_policy, clock=clock, need_sort=need_sort)
+        super().__init__(
+            config, eviction_policy=eviction_policy, clock=clock, need_sort=need_sort, kv_events=kv_events
+        )
         # The L3 tier (hicache_storage.py), off unless host_tier.storage.
         self.storage: HiCacheStorage | None = storage_from_config(self.hitree, host_tier, self.host_size)
 
@@ -112,6 +113,7 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             on_stored=self._count_stored,
             on_host_evicted=self._count_host_evicted,
             clock=clock,
+            events=self.events,
         )
 
     def _count_stored(self, n: int) -> None:

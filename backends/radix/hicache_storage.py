@@ -41,7 +41,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
-from prefixcache.backends.radix.events import page_digest
+from prefixcache.backends.radix.events import MEDIUM_HOST, page_digest
 from prefixcache.backends.radix.hicache_tree import HiRadixCache
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS
@@ -353,6 +353,8 @@ class HiCacheStorage:
         node.children[leaf.key.child_key(self.page_size)] = leaf
         tree.version += 1
         tree._update_leaf_status(node)
+        if tree.events is not None:  # insert_host: a new host-only node
+            tree.events.record_store(leaf, MEDIUM_HOST)
         return True
 
     # ------------------------------------------------------------------ accounting

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from prefixcache.backends.radix.events import MEDIUM_HOST, RadixEventRecorder
 from prefixcache.backends.radix.hicache_pool import HostPool
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, MatchResult, RadixCache
@@ -58,6 +59,7 @@ class HiRadixCache(RadixCache):
         on_stored: Callable[[int], None] = lambda n: None,
         on_host_evicted: Callable[[int], None] = lambda n: None,
         clock: Callable[[], float] | None = None,
+        events: RadixEventRecorder | None = None,
     ) -> None:
         self.host_pool = host_pool
         self.write_policy = write_policy
@@ -75,7 +77,9 @@ class HiRadixCache(RadixCache):
         self.full_host_duplicates: dict[int, TreeNode] = {}  # write_back reclaim order
         self._next_ack = 0
         kwargs = {} if clock is None else {"clock": clock}
-        super().__init__(page_size, eviction_policy=eviction_policy, free_slots=free_slots, **kwargs)
+        super().__init__(
+            page_size, eviction_policy=eviction_policy, free_slots=free_slots, events=events, **kwargs
+        )
 
     def reset(self) -> None:
         super().reset()
@@ -151,6 +155,8 @@ class HiRadixCache(RadixCache):
             self.evictable_size_ += len(leaf.value)
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
+            if self.events is not None:
+                self.events.record_store(leaf)
             if len(key) > hit_from and self._inc_hit_count_and_check(leaf):
                 self.write_backup(leaf)
         return pos
@@ -176,6 +182,8 @@ class HiRadixCache(RadixCache):
         self._update_leaf_status(node)
         assert node.parent is not None
         self._update_leaf_status(node.parent)
+        if self.events is not None:  # on device again (an insert's fresh KV, or a load)
+            self.events.record_store(node)
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
         """parent -> new[:split_len] -> child[split_len:], device and host slots alike."""
@@ -195,8 +203,9 @@ class HiRadixCache(RadixCache):
             new.host_value = child.host_value[:split_len].copy()
             child.host_value = child.host_value[split_len:].copy()
         new.write_ack = child.write_ack
-        if child.write_ack is not None:  # both fragments are acked together
-            self.ongoing_writes[child.write_ack][1].append(new)
+        if child.write_ack is not None:  # both fragments are acked together, the upper first
+            fragments = self.ongoing_writes[child.write_ack][1]
+            fragments.insert(fragments.index(child), new)
         child.key = child.key[split_len:]
         child.parent = new
         new.children = {child.key.child_key(self.page_size): child}
@@ -232,8 +241,10 @@ class HiRadixCache(RadixCache):
             target.host_value = host
             self.on_transfer("store", target.value, host)
             self.on_stored(len(host))
-            if write_back:
+            if write_back:  # acked at once (writing_check(write_back=True)): published now
                 self._track_duplicate(target)
+                if self.events is not None:
+                    self.events.record_store(target, MEDIUM_HOST)
             else:
                 self.inc_lock_ref(target)
                 ack = self._next_ack
@@ -253,6 +264,8 @@ class HiRadixCache(RadixCache):
                 if node.write_ack == ack:
                     node.write_ack = None
                     self._track_duplicate(node)
+                if self.events is not None:  # finish_write_through: every fragment published
+                    self.events.record_store(node, MEDIUM_HOST)
             self.dec_lock_ref(lock_node)
             for node in nodes:  # _finish_write_through_ack: every fragment goes on to L3
                 self.on_write_acked(node)
@@ -311,20 +324,28 @@ class HiRadixCache(RadixCache):
         self._update_leaf_status(node)
         assert node.parent is not None
         self._update_leaf_status(node.parent)
+        if self.events is not None:
+            self.events.record_remove(node)
 
     def _drop_subtree(self, node: TreeNode) -> None:
         """Delete an unbacked device leaf and its host-only subtree (its device slots go to
         ``free_slots``, host slots back to the host pool)."""
         assert node.value is not None and node.lock_ref == 0
         stack: list[TreeNode] = list(node.children.values())
+        dropped = []
         while stack:
             sub = stack.pop()
             assert sub.evicted and sub.host_value is not None
             stack.extend(sub.children.values())
             self._free_host(sub)
+            dropped.append(sub)
         node.children = {}
         self.free_slots(node.value)
         self._delete_leaf(node)
+        if self.events is not None:  # drop_subtree_no_host: the deepest first, then the node
+            for sub in reversed(dropped):
+                self.events.record_remove(sub, MEDIUM_HOST)
+            self.events.record_remove(node)
 
     # ------------------------------------------------------------------ host eviction
     def _is_host_leaf(self, node: TreeNode) -> bool:
@@ -350,6 +371,8 @@ class HiRadixCache(RadixCache):
             if not self._is_host_leaf(node):
                 continue
             assert node.host_value is not None and node.parent is not None
+            if self.events is not None:
+                self.events.record_remove(node, MEDIUM_HOST)
             freed += len(node.host_value)
             parent = node.parent
             self._free_host(node)
@@ -377,6 +400,8 @@ class HiRadixCache(RadixCache):
                     continue
                 if not self._is_settled_duplicate(node) or node.host_lock_ref:
                     continue
+                if self.events is not None:
+                    self.events.record_remove(node, MEDIUM_HOST)
                 freed += len(node.host_value)
                 self._free_host(node)
                 swept.append(nid)
