@@ -130,13 +130,14 @@ class RadixCache:
         values: list[SlotArray] = []
         pos = 0
         if along is not None:
-            for child in self._path_from_root(along, len(key)):
+            for child in self._path_from_root(along):
                 child.last_access_time = now
                 self._refresh(child)
                 assert child.value is not None
                 pos += len(child.key)
                 if pos > indices_from:
                     values.append(_tail(child.value, pos, indices_from))
+            assert pos <= len(key), "along: the node's path is longer than the key"
             node = along
         while pos < len(key):
             step = self._descend(node, key, pos, now)
@@ -201,7 +202,7 @@ class RadixCache:
         node = self.root_node
         pos = 0
         if along is not None:
-            for child in self._path_from_root(along, len(key)):
+            for child in self._path_from_root(along):
                 child.last_access_time = now  # as _descend stamps and re-sorts it
                 self._refresh(child)
                 child.priority = max(child.priority, priority)
@@ -210,6 +211,7 @@ class RadixCache:
                     child.hit_count += 1
                 child.tail_tokens = len(key) - pos
                 self._refresh(child)
+            assert pos <= len(key), "along: the node's path is longer than the key"
             node = along
         while pos < len(key):
             step = self._descend(node, key, pos, now)
@@ -243,16 +245,15 @@ class RadixCache:
             node = leaf
         return pos, node
 
-    def _path_from_root(self, node: TreeNode, limit: int) -> list[TreeNode]:
+    def _path_from_root(self, node: TreeNode) -> list[TreeNode]:
         """The nodes from the root's child down to ``node`` (the root excluded), by parent
-        links; their tokens must not exceed ``limit`` (the key they are a prefix of)."""
+        links (each caller checks, as it walks them, that they fit in its key)."""
         path = []
         while node is not self.root_node:
             assert node.parent is not None, f"{node} is not in this tree"
             path.append(node)
             node = node.parent
         path.reverse()
-        assert sum(len(n.key) for n in path) <= limit, "along: the node's path is longer than the key"
         return path
 
     def _descend(
