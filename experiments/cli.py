@@ -41,6 +41,7 @@ from prefixcache import (
     Engine,
     available_backends,
     available_schedulers,
+    capabilities,
     make_cache,
     make_scheduler,
 )
@@ -179,7 +180,7 @@ def _layout(layout: Any) -> Any:
 
 def _eviction_policy(backend: str, name: Any) -> str | None:
     """The policy's resolved name (lru when none is given), or None for a backend without one."""
-    from prefixcache.eviction import BACKENDS_WITH_POLICIES, eviction_policies
+    from prefixcache.capabilities import BACKENDS_WITH_POLICIES, eviction_policies
 
     if backend not in BACKENDS_WITH_POLICIES:
         if name is not None:
@@ -672,7 +673,13 @@ def build_parser() -> argparse.ArgumentParser:
     def one_of(names: Sequence[str], default: object) -> str:
         return f"one of: {', '.join(names)} (default: {default})"
 
-    r = sub.add_parser("run", help="one workload (or trace) x backend x config")
+    r = sub.add_parser(
+        "run",
+        help="one workload (or trace) x backend x config",
+        epilog="What each backend takes over each layout (prefixcache/capabilities.py):\n"
+        + capabilities.summary(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument("--workload", help=one_of(available_workloads(), DEFAULTS["workload"]))
     r.add_argument("--trace", help="trace file (Mooncake .jsonl or Azure .csv) instead of a workload")
     r.add_argument("--limit", type=int, help="only the first N requests, N >= 1 (default: all)")
@@ -686,8 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         r.add_argument(flag, dest=key, type=int, help=f"{what} (default: {DEFAULTS[key]})")
     r.add_argument("--eviction-policy", dest="eviction_policy",
-                   help="lru (default), lfu, fifo, mru, filo, priority, slru, wlfu, gdsf, tlru, wa, arc, "
-                   "s3fifo, lrp (hashchain and dense radix), or a class of your own as package.module:Class")
+                   help="lru (default) or another the backend takes over the layout (listed below), or a "
+                   "class of your own as package.module:Class")
     r.add_argument("--layout", help="the model's layers: a preset (e.g. gemma3-like) or a JSON list such "
                    'as [["sliding_window", 1024], ["full"]] (default: one full-attention layer)')
     r.add_argument("--arrival-scale", dest="arrival_scale", type=float,

@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from prefixcache import CacheConfig, Match, PrefixCache, Request, available_backends, eviction, make_cache
-from prefixcache.eviction import eviction_policies
+from prefixcache import CacheConfig, Match, PrefixCache, Request, available_backends, make_cache
+from prefixcache.capabilities import BACKENDS_WITH_POLICIES, eviction_policies
 from tests.stateful_lifecycle import Lifecycle, ShadowKV
 from tests.stateful_rules import VOCAB
 
@@ -235,7 +235,7 @@ def test_lifecycle_keeps_invariants_and_never_corrupts_kv(backend: str, page_siz
 # the machine with a non-default policy).
 POLICY_CASES = [
     (b, p, policy)
-    for b in eviction.BACKENDS_WITH_POLICIES
+    for b in BACKENDS_WITH_POLICIES
     for p in ((1, 4) if b == "radix" else (4,))
     for policy in eviction_policies(b)
     if policy != "lru"
