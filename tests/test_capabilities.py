@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from prefixcache import CacheConfig, Engine, Request, capabilities, eviction_policies, make_cache
 from prefixcache.capabilities import BACKENDS, EAGLE_OPTION, LAYOUTS, REFUSED, TABLE, Mix
+from prefixcache.eviction import USER_POLICIES, unregister_policy
 from prefixcache.tiers import HostTierConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +82,15 @@ def workload() -> list[Request]:
         Request(f"r{i}", [*prefixes[i % 2], *range(200 + 10 * i, 204 + 10 * i)], max_new_tokens=3)
         for i in range(8)
     ]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_policies() -> Iterator[None]:
+    """The class a test loads by its name stays registered in this process only for that test."""
+    before = set(USER_POLICIES)
+    yield
+    for name in set(USER_POLICIES) - before:
+        unregister_policy(name)
 
 
 class CheckedEngine(Engine):
