@@ -209,6 +209,22 @@ class Request:
         """Prompt then output tokens. Read-only view: append through the method below."""
         return self._tokens()
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """``list(all_token_ids[start:end])`` (0 <= start), without building the whole token
+        list while the prompt is an array alone: a hasher of decode blocks reads a few tokens
+        past the prompt, and a list of a long prompt costs more than every block it hashes."""
+        if self._make_prompt is not None:
+            self._build_prompt()  # (kept as an array when it comes as one)
+        tokens = self._all_token_ids
+        if tokens is not None:
+            return tokens[start:end]
+        assert self._prompt_array is not None  # no list yet: the outputs wait beside it
+        p = self._num_prompt_tokens
+        out: list[int] = self._prompt_array[start:end].tolist() if start < p else []
+        if end > p:
+            out += self._early_output[max(start - p, 0) : end - p]
+        return out
+
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
         if self._prompt_tuple is None:

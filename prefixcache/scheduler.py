@@ -58,7 +58,7 @@ class Schedule(NamedTuple):
     before it, so it never waits forever.
     """
 
-    order: list[Request]
+    order: Sequence[Request]  # may be the waiting queue itself (valid until it changes)
     held_back: frozenset[str]
     matches: Mapping[str, Match] = NO_MATCHES
 
@@ -79,7 +79,7 @@ class FCFS(Scheduler):
     name = "fcfs"
 
     def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
-        return Schedule(list(waiting), frozenset())
+        return Schedule(waiting, frozenset())  # the queue as it is: admission reads its front
 
 
 class LongestPrefixMatch(Scheduler):
@@ -97,7 +97,7 @@ class LongestPrefixMatch(Scheduler):
 
     def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
         if len(waiting) > self.fallback_queue_len:
-            return Schedule(list(waiting), frozenset())
+            return Schedule(waiting, frozenset())
         matches: dict[str, Match] = {}
         deprioritized: set[str] = set()
         # SGLang matches against a simulated radix tree of the waiting requests seen so far and
@@ -138,6 +138,7 @@ class DFSWeight(Scheduler):
     def schedule(self, waiting: Sequence[Request], lookup: Lookup) -> Schedule:
         if len(waiting) <= 1:
             return Schedule(list(waiting), frozenset())
+        waiting = list(waiting)  # indexed below (a deque's index walks it)
         matches = {r.request_id: lookup(r) for r in waiting}
         hits = [matches[r.request_id].tokens for r in waiting]
         return Schedule(cached_prefix_dfs_order(waiting, hits), frozenset(), matches)

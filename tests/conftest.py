@@ -26,6 +26,31 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+def _import_every_module() -> None:
+    """Import all of prefixcache before any test runs. Hypothesis (6.13x+) also draws, now and
+    then, constants it reads from the project modules loaded so far, so a derandomized test's
+    examples hung on which modules the tests before it imported: under xdist a stateful
+    machine's coverage counters (a hit, a moved window) came out 0 in one worker order and
+    not in another. With every module loaded first, the pool is the same in every order."""
+    import importlib
+    import pkgutil
+
+    # (backends, kernels and experiments are mapped into the package: each walked on its own)
+    for root in ("prefixcache", "prefixcache.backends", "prefixcache.kernels", "prefixcache.experiments"):
+        package = importlib.import_module(root)
+        for module in pkgutil.walk_packages(package.__path__, f"{root}."):
+            if module.name.endswith("__main__"):  # (the CLI runs on import)
+                continue
+            try:
+                importlib.import_module(module.name)
+            except ModuleNotFoundError as e:  # the upstream drivers, in .venv-upstream only
+                if (e.name or "").partition(".")[0] not in ("vllm", "sglang"):
+                    raise
+
+
+_import_every_module()
+
+
 @pytest.fixture
 def trace_data():  # type: ignore[no-untyped-def]
     """The real traces' folder; the test is skipped where it is absent (a clone outside the

@@ -84,7 +84,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "hashchain: allocation-path evictions do not move the index version": (
         "backends/hashchain/hash_map.py",
-        "        self.version += evicted\n",
+        "        self.version += len(hashed)\n",
         "",
     ),
     "radix: an evicted leaf does not move the index version": (
@@ -100,10 +100,10 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        while evicted < num_tokens and self._leaves:",
     ),
     "hashchain: the free queue walked on every allocation (O(cache size))": (
-        "backends/hashchain/block_pool.py",
-        "            blocks = self.free_block_queue.popleft_n(num_blocks)\n",
-        "            self.free_block_queue.get_all_free_blocks()\n"
-        "            blocks = self.free_block_queue.popleft_n(num_blocks)\n",
+        "backends/hashchain/eviction.py",
+        "        return pool.free_block_queue.popleft_n(num_blocks)\n",
+        "        pool.free_block_queue.get_all_free_blocks()\n"
+        "        return pool.free_block_queue.popleft_n(num_blocks)\n",
     ),
     "hashchain: a decode stretch reaches the token that fills a block": (
         "backends/hashchain/kv_cache_coordinator.py",
@@ -150,9 +150,17 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "shift = prefix_len % BLOCK_Q if ALIGN_Q else 0",
         "shift = 0",
     ),
+    "request: a range read past the prompt starts the output at its first token": (
+        "prefixcache/request.py",
+        "            out += self._early_output[max(start - p, 0) : end - p]\n",
+        "            out += self._early_output[: end - p]\n",
+    ),
 }
 # A mutant of these files runs these suites instead of SUITES (the kernel's own tests).
-SUITES_BY_FILE = {"kernels/paged_attention.py": ["tests/test_kernel.py"]}
+SUITES_BY_FILE = {
+    "kernels/paged_attention.py": ["tests/test_kernel.py"],
+    "prefixcache/request.py": ["tests/test_request.py", "tests/test_trace_hashes.py"],
+}
 # Mutant sets kept beside the suites that catch them: each module has MUTANTS (same shape as
 # above) and SUITES (what a mutant of it runs instead).
 MUTANT_MODULES = [

@@ -47,9 +47,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "",
     ),
     "zoo: hashchain stamps no tail on a freed block (tlru sees every block as excess)": (
-        "backends/hashchain/block_pool.py",
-        "                    self.ranked.freed(b, now, after)",
-        "                    self.ranked.freed(b, now, 0)",
+        "backends/hashchain/eviction.py",
+        "                self.freed(block, now, after)  # type: ignore[arg-type]",
+        "                self.freed(block, now, 0)  # type: ignore[arg-type]",
     ),
     "zoo: wa never learns a reuse": (
         "prefixcache/eviction.py",

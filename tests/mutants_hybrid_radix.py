@@ -14,7 +14,7 @@ SUITES = [
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "radix swa: tombstone treated as live (match does not reset at a tombstone)": (
         "backends/radix/swa_tree.py",
-        "            if child.swa is None:\n                since = 0\n",
+        "            if node.swa is None:\n                since = 0\n",
         "            if False:\n                since = 0\n",
     ),
     "radix swa: an SWA lock does not move the node out of the evictable size": (
@@ -62,7 +62,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix eagle: the dense tree is built with plain keys": (
         "backends/radix/backend.py",
-        "            is_eagle=is_eagle,\n",
+        "            is_eagle=self.is_eagle,\n",
         "            is_eagle=False,\n",
     ),
     "radix eagle: the prompt split counts raw prompt tokens, not bigrams": (
@@ -87,8 +87,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix eagle: the SWA tree is built with plain keys": (
         "backends/radix/swa_backend.py",
-        "        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle)",
-        "        self.tree = SWARadixTree(p, self.window, self.pool)",
+        "SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle, events=self.events)",
+        "SWARadixTree(p, self.window, self.pool, events=self.events)",
     ),
     "radix eagle: the Mamba cache silently accepts is_eagle": (
         "backends/radix/mamba_backend.py",

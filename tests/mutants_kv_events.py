@@ -7,6 +7,7 @@ from __future__ import annotations
 SUITES = [
     "tests/test_kv_events_backends.py",
     "tests/test_routers.py",
+    "tests/test_radix_hybrid_events.py",
 ]
 
 # name -> (file, original text, mutated text); the original text occurs exactly once
@@ -35,6 +36,32 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "backends/hashchain/block_pool.py",
         "            self.kv_event_queue.append(AllBlocksCleared())",
         "            pass",
+    ),
+    "kv events unified tree: no BlockRemoved for a deleted node (SWA, Mamba)": (
+        "backends/radix/unified_tree.py",
+        "            self.events.record_remove(node)",
+        "            pass",
+    ),
+    "kv events unified tree: no BlockStored for a new leaf (SWA, Mamba)": (
+        "backends/radix/unified_tree.py",
+        "        if self.events is not None:\n            self.events.record_store(leaf)\n",
+        "",
+    ),
+    "kv events hicache: a write-through ack publishes no host copy": (
+        "backends/radix/hicache_tree.py",
+        "                if self.events is not None:  # finish_write_through: every fragment published\n"
+        "                    self.events.record_store(node, MEDIUM_HOST)\n",
+        "",
+    ),
+    "kv events hicache: a split fragment under a write is published after the lower part": (
+        "backends/radix/hicache_tree.py",
+        "            fragments.insert(fragments.index(child), new)",
+        "            fragments.append(new)",
+    ),
+    "kv events hicache: a demoted node's device copy is not removed": (
+        "backends/radix/hicache_tree.py",
+        "        if self.events is not None:\n            self.events.record_remove(node)\n",
+        "",
     ),
     "kv events radix: no BlockRemoved for an evicted leaf": (
         "backends/radix/radix_cache.py",

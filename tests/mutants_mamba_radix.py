@@ -17,9 +17,9 @@ _POOL = "backends/radix/mamba_pool.py"
 
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "mamba: a reset restarts the index version (a match from before it is trusted again)": (
-        _TREE,
-        "        self.lru: OrderedDict[int, MambaNode] = OrderedDict()\n        self.version += 1\n",
-        "        self.lru: OrderedDict[int, MambaNode] = OrderedDict()\n        self.version = 1\n",
+        "backends/radix/unified_tree.py",
+        "    def reset(self) -> None:\n        self.version += 1\n",
+        "    def reset(self) -> None:\n        self.version = 1\n",
     ),
     "mamba: a reset builds the backend a new tree (its version starts over)": (
         "backends/radix/mamba_backend.py",
@@ -31,8 +31,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # checkpoint (the match is not cut back to the deepest node holding a state).
     "mamba radix: state hit off the checkpoint": (
         _TREE,
-        "            if node.mamba is not None:\n                best, best_len = node, pos\n",
-        "            if True:\n                best, best_len = node, pos\n",
+        "        walk = self._match_walk(key, lambda node: node.mamba is not None)\n",
+        "        walk = self._match_walk(key, lambda node: True)\n",
     ),
     # The Mamba lock no longer pins the locked node's state against Mamba eviction.
     "mamba radix: Mamba lock ignored by state eviction": (
@@ -48,15 +48,15 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     # A split leaves the upper part holding the lower part's state (not a tombstone).
     "mamba radix: split does not tombstone the upper part": (
-        _TREE,
+        "backends/radix/unified_tree.py",
         "        new.full_lock = child.full_lock\n",
         "        new.full_lock = child.full_lock\n        new.mamba = child.mamba\n",
     ),
     # Full eviction takes the most recently used leaf.
     "mamba radix: full eviction MRU first": (
         _TREE,
-        "leaf = min(leaves, key=lambda n: n.last_access)",
-        "leaf = max(leaves, key=lambda n: n.last_access)",
+        "leaf = min(leaves, key=lambda n: n.last_access_time)",
+        "leaf = max(leaves, key=lambda n: n.last_access_time)",
     ),
     # Mamba eviction walks its LRU from the new end.
     "mamba radix: state eviction MRU first": (
@@ -67,8 +67,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # A match refreshes nothing in the Mamba LRU (SGLang: the used state goes to MRU).
     "mamba radix: match does not refresh the used state": (
         _TREE,
-        "        if best.mamba is not None:\n            self.lru.move_to_end(best.id)\n",
-        "        if False:\n            self.lru.move_to_end(best.id)\n",
+        "        if walk.best.mamba is not None:\n            self.lru.move_to_end(walk.best.id)\n",
+        "        if False:\n            self.lru.move_to_end(walk.best.id)\n",
     ),
     # No state copied at a prefill chunk end (SGLang's cache_unfinished_req stores one).
     "mamba radix: no state at chunk ends": (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prefixcache.backends.hashchain.eviction import RankedEviction
 from prefixcache.experiments.figures.common import cell_config, read_table, run_cell
 
 from prefixcache import CacheConfig, Request, make_cache
@@ -178,10 +179,10 @@ def test_leaf_lru_ranks_the_free_cached_leaves() -> None:
     block), which it evicts by last access, and "lru" keeps vLLM's queue with no index. (That
     the two orders hit alike is the property above.)"""
     cache = make_cache("hashchain", CacheConfig(1024, 16), eviction_policy="leaf-lru")
-    assert make_cache("hashchain", CacheConfig(1024, 16)).block_pool.ranked is None
+    assert not isinstance(make_cache("hashchain", CacheConfig(1024, 16)).block_pool.eviction, RankedEviction)
     run_to_completion(cache, Request("a", tokens(48, seed=7)))  # a chain of 3 cached blocks
     run_to_completion(cache, Request("b", tokens(48, seed=8)))
-    ranked = cache.block_pool.ranked
-    assert ranked is not None and len(ranked) == 2  # one leaf per chain
+    ranked = cache.block_pool.eviction
+    assert isinstance(ranked, RankedEviction) and len(ranked) == 2  # one leaf per chain
     victim = ranked.pop_victim()
     assert victim is not None and victim.block_hash is not None and victim.num_cached_children == 0

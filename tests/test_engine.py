@@ -520,3 +520,26 @@ def test_cache_calls_are_timed_only_when_asked() -> None:
     assert all(r.cache_op_ns == 0 for r in plain)
     assert all(r.cache_op_ns > 0 for r in timed_records)
     assert _rows(plain) == _rows(timed_records)
+
+
+def test_a_run_gives_the_collector_its_thresholds_back() -> None:
+    """``run`` raises the collector's thresholds for its loop (millions of long-lived blocks at
+    page size 1) and restores the caller's after, also when the run fails."""
+    import gc
+
+    before = gc.get_threshold()
+    cache = make_cache("hashchain", CacheConfig(64, 1))
+    Engine(cache, "fcfs").run([Request("a", list(range(20)), max_new_tokens=3)])
+    assert gc.get_threshold() == before
+
+    class Boom(Exception):
+        pass
+
+    def fail(_: Request) -> None:
+        raise Boom
+
+    broken = make_cache("hashchain", CacheConfig(64, 1))
+    broken.lookup = fail  # type: ignore[method-assign]
+    with pytest.raises(Boom):
+        Engine(broken, "fcfs").run([Request("b", list(range(20)), max_new_tokens=3)])
+    assert gc.get_threshold() == before

@@ -5,9 +5,11 @@ left alone, and orphaned blocks counted."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from prefixcache.backends.hashchain.block_pool import BlockPool
+from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction
 
 from prefixcache import CacheConfig, Request, eviction_policies, make_cache
 from prefixcache.capabilities import BACKENDS_WITH_POLICIES
@@ -107,9 +109,11 @@ def test_a_backend_without_policies_and_an_unknown_policy_are_clear_errors() -> 
 
 
 def test_hashchain_lru_is_vllms_free_queue_and_other_names_rank_leaves() -> None:
-    assert make_cache("hashchain", CacheConfig(64, PAGE)).block_pool.ranked is None
-    assert make_cache("hashchain", CacheConfig(64, PAGE), eviction_policy="lru").block_pool.ranked is None
-    assert make_cache("hashchain", CacheConfig(64, PAGE), eviction_policy="lfu").block_pool.ranked is not None
+    def order(**kw: Any) -> type:
+        return type(make_cache("hashchain", CacheConfig(64, PAGE), **kw).block_pool.eviction)
+
+    assert order() is order(eviction_policy="lru") is FreeQueueLRU
+    assert order(eviction_policy="lfu") is RankedEviction
     with pytest.raises(ValueError, match="unhashed_first=True"):
         make_cache("hashchain", CacheConfig(64, PAGE), eviction_policy="lfu", unhashed_first=False)
 
@@ -132,10 +136,10 @@ def test_evicting_a_block_in_the_middle_of_a_chain_counts_its_child_as_orphaned(
     blocks = pool.get_new_blocks(3)
     pool.cache_full_blocks(keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
     assert pool.evict_blocks({blocks[1].block_id}) == 1  # vLLM's KV-connector hook, in use
-    assert pool.ranked is not None and pool.ranked.num_orphaned_blocks == 1
+    assert isinstance(pool.eviction, RankedEviction) and pool.eviction.num_orphaned_blocks == 1
     pool.free_blocks(reversed(blocks))
     pool.check_invariants()  # block 2 (orphaned) and block 0 (now childless) are both leaves
-    assert len(pool.ranked) == 2
+    assert len(pool.eviction) == 2
 
 
 def test_hashchain_lrp_learns_from_the_ghost_of_evicted_blocks() -> None:
@@ -143,7 +147,7 @@ def test_hashchain_lrp_learns_from_the_ghost_of_evicted_blocks() -> None:
     reuse of the class its blocks were freed under, and the request is classed as one the
     cache would have hit in full."""
     cache = checked("hashchain", 16 * PAGE, PAGE, eviction_policy="lrp")
-    learner = cache.cache.manager.learner
+    learner = cache.cache.block_pool.eviction.learner
     prompt = list(range(3 * PAGE + 1))
     run_to_completion(cache, Request("first", prompt))
     first_class = learner.current
@@ -154,13 +158,13 @@ def test_hashchain_lrp_learns_from_the_ghost_of_evicted_blocks() -> None:
     again = Request("again", prompt)
     match = cache.lookup(again)
     assert match.tokens == 0 and cache.allocate(again, again.num_tokens, match)
-    assert cache.cache.manager.seen_fraction["again"] == 1.0
+    assert cache.cache.block_pool.eviction.seen_fraction["again"] == 1.0
     assert learner.reuses[first_class] == reuses_before + 3 and not learner.ghost
     again.num_computed_tokens = again.num_tokens
     cache.commit(again)
     cache.release(again)
     assert learner.current == (3, 0, 0)  # classed as a request the cache would have hit in full
-    assert "again" not in cache.cache.manager.seen_fraction
+    assert "again" not in cache.cache.block_pool.eviction.seen_fraction
     blocks = [b for b in cache.cache.block_pool.blocks if b.block_hash is not None]
     assert len(blocks) == 3 and all(b.reuse_class == (3, 0, 0) for b in blocks)
 

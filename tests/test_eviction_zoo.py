@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from prefixcache.backends.hashchain.eviction import RankedEviction
 from prefixcache.backends.radix import RadixCache, RadixKey
 
 from prefixcache import CacheConfig, Request, make_cache
@@ -182,7 +183,7 @@ def test_tlru_in_both_designs_keeps_what_a_next_turn_needs(backend: str) -> None
     for policy, hits in expected.items():
         cache = checked(backend, 16 * page, page, eviction_policy=policy)
         if policy == "tlru":
-            target = cache.cache.tree.policy if backend == "radix" else cache.block_pool.ranked.policy
+            target = cache.cache.tree.policy if backend == "radix" else cache.block_pool.eviction.policy
             target.slack = page
         run_to_completion(cache, Request("old", old))
         run_to_completion(cache, Request("new", new))
@@ -222,4 +223,5 @@ def test_workload_aware_learns_reuse_per_category_and_its_order_moves_with_time(
 def test_capacity_policies_get_the_pool_size_in_both_backends() -> None:
     assert make_cache("radix", CacheConfig(64, 4), eviction_policy="arc").tree.policy.capacity == 16
     pool = make_cache("hashchain", CacheConfig(64, 4), eviction_policy="arc").block_pool
-    assert pool.ranked is not None and pool.ranked.policy.capacity == pool.num_gpu_blocks - 1
+    assert isinstance(pool.eviction, RankedEviction)
+    assert pool.eviction.policy.capacity == pool.num_gpu_blocks - 1

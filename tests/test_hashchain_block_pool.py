@@ -245,3 +245,20 @@ def test_a_huge_pool_creates_blocks_only_as_they_are_used() -> None:
 def test_a_pool_too_large_to_allocate_is_a_clear_error(backend: str) -> None:
     with pytest.raises(ValueError, match="memory|GiB"):
         make_cache(backend, CacheConfig(10**15, 1))
+
+
+def test_only_a_ranked_pool_makes_blocks_with_policy_fields_a_taken_hash_fails_before_any_change() -> None:
+    """vLLM's LRU pool creates plain blocks (a block per token at page size 1 is millions); a
+    ranked policy's pool creates blocks carrying what the policy keeps, sized to the block.
+    Caching a range where one block already has a hash raises and hashes none of them."""
+    from prefixcache.backends.hashchain.block import RankedKVCacheBlock
+
+    lru, ranked = BlockPool(8, block_size=16), BlockPool(8, eviction_policy="lfu", block_size=16)
+    assert type(lru.get_new_blocks(1)[0]) is KVCacheBlock and not hasattr(lru.blocks[3], "hit_count")
+    block = ranked.get_new_blocks(1)[0]
+    assert type(block) is RankedKVCacheBlock and block.num_tokens == 16 and block.hit_count == 0
+    blocks = lru.get_new_blocks(3)
+    blocks[2].assign_hash(keyed([h(9)], 0)[0])
+    with pytest.raises(ValueError, match="already has a hash"):
+        lru.cache_full_blocks(keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
+    assert [b.block_hash for b in blocks[:2]] == [None, None] and len(lru.cached_block_hash_to_block) == 0

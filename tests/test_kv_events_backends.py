@@ -35,6 +35,7 @@ from prefixcache.experiments.upstream.kv_event_cases import event_json  # noqa: 
 
 from prefixcache import CacheConfig, PrefixCache, Request, make_cache  # noqa: E402
 from prefixcache.cluster.routers.event_index import BlockIndex  # noqa: E402
+from prefixcache.tiers import HostTierConfig  # noqa: E402
 
 EVENTS = Path(__file__).parent / "fixtures" / "upstream" / "events"
 VLLM_STREAMS = sorted((EVENTS / "vllm_streams").glob("vllm_events_*.json"))
@@ -204,6 +205,11 @@ CONFIGS: dict[str, tuple[str, int, Any, dict[str, Any]]] = {
     "hashchain_p16_gptoss": ("hashchain", 16, (("sliding_window", 32), ("full",)), {}),
     "radix_p1": ("radix", 1, None, {}),
     "radix_p16": ("radix", 16, None, {}),
+    # the unified tree's components: full + sliding window (pages of 4), full + Mamba
+    "radix_swa_p4": ("radix", 4, (("sliding_window", 8), ("full",)), {}),
+    "radix_mamba_p1": ("radix", 1, (("mamba", 4), ("full",)), {}),
+    # HiCache: a block is stored once per medium (device, host) that holds it
+    "radix_hicache_p4": ("radix", 4, None, {"host_tier": HostTierConfig(ratio=0.5)}),
 }
 
 
@@ -227,6 +233,9 @@ def cached_blocks(cache: PrefixCache[Any]) -> Counter[tuple[int | None, int]]:
     tree, p = cache.tree, cache.page_size  # type: ignore[attr-defined]
     out: Counter[tuple[int | None, int]] = Counter()
     for node in tree.iter_nodes():
+        # HiCache: a host copy is published when its write acks (SGLang's finish_write_through)
+        on_host = getattr(node, "host_value", None) is not None and node.write_ack is None
+        copies = (node.value is not None) + on_host
         path, up = [], node
         while up is not tree.root_node:
             path.append(up.key.token_ids)
@@ -237,7 +246,7 @@ def cached_blocks(cache: PrefixCache[Any]) -> Counter[tuple[int | None, int]]:
         for start in range(0, len(tokens), p):
             prior = page_digest(prior, tokens[start : start + p])
             if start >= len(tokens) - len(node.key):
-                out[(None, event_hash(prior))] += 1
+                out[(None, event_hash(prior))] += copies
     return out
 
 
@@ -285,6 +294,7 @@ def run_ops(cache: PrefixCache[Any], ops: list[tuple[Any, ...]]) -> Iterator[lis
     and yield the events drained after every step."""
     live: list[Request] = []
     for i, op in enumerate(ops):
+        cache.advance_transfers()  # an engine step (a tier's copies of earlier steps ack)
         if op[0] == "new" and len(live) < 4:
             prefix, cut, extra, salted = op[1:]
             req = Request(

@@ -11,7 +11,7 @@ import warnings
 import pytest
 from prefixcache.backends.radix import RadixPrefixCache
 from prefixcache.backends.radix.hicache_backend import HiCacheRadixPrefixCache
-from prefixcache.backends.radix.hicache_tree import HiTreeNode
+from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache import CacheConfig, Request, make_cache
 from prefixcache.tiers import HostTierConfig
@@ -48,11 +48,11 @@ def serve(cache: Checked, req: Request, num_output: int = 1, *, ack: bool = True
     return m.tokens, m.host_tokens
 
 
-def nodes(cache: Checked) -> list[HiTreeNode]:
+def nodes(cache: Checked) -> list[TreeNode]:
     return cache.cache.tree.iter_nodes()  # type: ignore[no-any-return]
 
 
-def state(node: HiTreeNode) -> str:
+def state(node: TreeNode) -> str:
     return {(True, False): "device", (True, True): "device+host", (False, True): "host"}[
         (node.value is not None, node.host_value is not None)
     ]

@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
 from prefixcache.backends.radix.mamba_tree import MambaNode, MambaRadixTree
+from prefixcache.experiments.upstream.kv_event_cases import event_json
 
 from prefixcache import CacheConfig, Request
 from prefixcache.pool import PagePool
@@ -44,11 +46,13 @@ def _states(tree: MambaRadixTree) -> list[list[Any]]:
     return sorted(out)
 
 
-def replay_tree(sc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The driver's ops through MambaRadixTree over two PagePools (the same alloc/free calls)."""
+def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]]:
+    """The driver's ops through MambaRadixTree over two PagePools (the same alloc/free calls);
+    ``events``: with a KV event recorder, each record holds the events drained after its op."""
     kv = PagePool(sc["kv_tokens"] + 1)
     states = PagePool(sc["mamba_slots"] + 1)
-    tree = MambaRadixTree(kv.free, lambda slot: states.free([slot]))
+    recorder = RadixEventRecorder(1) if events else None
+    tree = MambaRadixTree(kv.free, lambda slot: states.free([slot]), events=recorder)
     locks: dict[str, MambaNode] = {}
     out: list[dict[str, Any]] = []
     for op in sc["ops"]:
@@ -84,6 +88,8 @@ def replay_tree(sc: dict[str, Any]) -> list[dict[str, Any]]:
             raise ValueError(f"unknown op {kind!r}")
         rec["pools"] = [kv.num_free, states.num_free, tree.full_evictable, tree.mamba_evictable]
         rec["states"] = _states(tree)
+        if recorder is not None:
+            rec["events"] = [event_json(e) for e in recorder.take()]
         tree.check()
         out.append(rec)
     return out

@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.swa_pool import SWAPagePool, swa_pool_sizes
 from prefixcache.backends.radix.swa_tree import LockReceipt, SWARadixTree
+from prefixcache.experiments.upstream.kv_event_cases import event_json
 from prefixcache.experiments.upstream.sglang_hybrid_driver import replay_requests_ours
 
 from prefixcache import CacheConfig
@@ -44,11 +46,13 @@ def _diffs(ours: list[dict[str, Any]], fixture: dict[str, Any]) -> list[str]:
     ]
 
 
-def replay_tree(sc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The driver's ops through SWARadixTree + SWAPagePool (the same alloc/free calls)."""
+def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]]:
+    """The driver's ops through SWARadixTree + SWAPagePool (the same alloc/free calls);
+    ``events``: with a KV event recorder, each record holds the events drained after its op."""
     p = sc["page_size"]
     pool = SWAPagePool(sc["full_tokens"] // p + 1, sc["swa_tokens"] // p + 1, page_size=p)
-    tree = SWARadixTree(p, sc["window"], pool, is_eagle=sc.get("is_eagle", False))
+    recorder = RadixEventRecorder(p) if events else None
+    tree = SWARadixTree(p, sc["window"], pool, is_eagle=sc.get("is_eagle", False), events=recorder)
     locks: dict[str, tuple[LockReceipt, list[bool]]] = {}
     out: list[dict[str, Any]] = []
 
@@ -88,6 +92,8 @@ def replay_tree(sc: dict[str, Any]) -> list[dict[str, Any]]:
             tree.full_evictable,
             tree.swa_evictable,
         ]
+        if recorder is not None:
+            rec["events"] = [event_json(e) for e in recorder.take()]
         tree.check()
         pool.check()
         out.append(rec)

@@ -96,3 +96,24 @@ def test_a_trace_run_without_a_cache_that_reads_tokens_builds_no_token_list() ->
     engine.run(reqs)
     assert [r.output_tokens for r in engine.records.values()] == [3, 3, 3]
     assert all(r._all_token_ids is None and r.num_output_tokens == 3 for r in reqs)
+
+
+@pytest.mark.parametrize("as_array", [True, False])
+def test_token_ids_reads_any_range_without_building_the_token_list_of_an_array_prompt(as_array: bool) -> None:
+    """``token_ids(start, end)`` equals ``list(all_token_ids[start:end])`` for every range
+    (inside the prompt, across its end, in the output, past the end, empty), before and
+    after the list is built; an array prompt stays an array alone while only ranges are read."""
+    import numpy as np
+
+    prompt = [5, 6, 7, 8]
+    req = Request.deferred("d", 4, lambda: np.array(prompt, dtype=np.int64) if as_array else list(prompt))
+    req.append_output_token_ids([9, 10, 11])
+    full = prompt + [9, 10, 11]
+    ranges = [(s, e) for s in range(9) for e in range(9)]
+    assert [req.token_ids(s, e) for s, e in ranges] == [full[s:e] for s, e in ranges]
+    assert all(type(t) is int for t in req.token_ids(0, 9))
+    assert (req._all_token_ids is None) == as_array, "a range read built the token list"
+    assert list(req.all_token_ids) == full
+    req.append_output_token_ids(12)
+    full.append(12)
+    assert [req.token_ids(s, e) for s, e in ranges] == [full[s:e] for s, e in ranges]

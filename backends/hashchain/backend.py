@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from prefixcache.backends.hashchain.block_match import BlockMatch
 from prefixcache.backends.hashchain.hashing import KnownPromptHashes, get_hash_fn, group_id_suffix
 from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks, UnitaryKVCacheCoordinator
 from prefixcache.backends.hashchain.kv_cache_manager import KVCacheManager
@@ -36,17 +37,108 @@ ENGINE_DEFAULT_RETENTION_INTERVAL = 0
 _EVENT_SPEC_KINDS = {"full": "full_attention", "sliding_window": "sliding_window", "mamba": "mamba"}
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class BlockMatch(Match):
-    """``get_computed_blocks``' result, handed to ``allocate_slots`` as vLLM does."""
+def _check_switches(
+    config: CacheConfig, attention_groups: Sequence[object] | None, host_tier: HostTierConfig | None,
+    host_ack_delay: int, kv_events: bool, use_eagle: bool, publish: str, dedupe: bool, unhashed_first: bool,
+) -> None:
+    """The option mixes ``HashChainCache`` refuses before building anything."""
+    beside = config.is_hybrid or attention_groups is not None or host_tier is not None
+    if (publish != "allocation" or dedupe is not False) and (beside or kv_events or use_eagle):
+        # Not modelled: SGLang's publication and insert beside vLLM's groups, tier and events.
+        raise ValueError("publish='commit' and dedupe=True are for a dense model without a "
+                         "host_tier, kv_events or use_eagle")
+    for name, value in (("unhashed_first", unhashed_first), ("kv_events", kv_events)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
+    if use_eagle is True and host_tier is not None:
+        # Not recorded against vLLM: the connector's external hit beside the EAGLE drop.
+        raise ValueError("use_eagle with a host_tier is not supported")
+    if host_tier is None and host_ack_delay != 0:
+        raise ValueError("host_ack_delay without a host_tier")
 
-    blocks: KVCacheBlocks  # the hit blocks of each group
-    shared_prefix_boundary: int = 0  # vLLM 0.33: a junction sparse retention must keep (0: none)
-    # The host tier's part (offload/tier.py): loaded tokens after ``tokens``; vLLM's external
-    # hit (may be one more: a full-prompt hit); the lookup was deferred (HIT_PENDING).
-    host_tokens: int = 0
-    external_tokens: int = 0
-    pending: bool = False
+
+@dataclass(frozen=True)
+class KVCacheGroups:
+    """vLLM's KV-cache groups for a config: each group's spec and model layers, the block size
+    and pool blocks they share, the padding layers, and the layers one block id spans."""
+
+    specs: list[AttentionGroupSpec]
+    layers: list[tuple[int, ...]]
+    block_size: int
+    num_blocks: int
+    num_padding_layers: int
+    layers_per_block: int
+    from_layout: bool  # formed from a hybrid layout's layers
+
+    @classmethod
+    def of(cls, config: CacheConfig, attention_groups: Sequence[object] | None) -> KVCacheGroups:
+        """A hybrid layout forms vLLM's groups from its layers (kv_cache_planning.py) and sizes
+        the pool from the layer-token budget; else one full-attention group of every layer, or
+        the explicit ``attention_groups`` (no layers known) over ``config.num_pages``."""
+        if not config.is_hybrid:
+            groups = [("full",)] if attention_groups is None else list(attention_groups)
+            if not groups:
+                raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
+            all_layers = tuple(range(config.model_layout.num_layers))
+            return cls(
+                [AttentionGroupSpec.parse(g) for g in groups],
+                [all_layers if attention_groups is None else () for _ in groups],
+                config.page_size, config.num_pages, 0,
+                config.model_layout.num_layers if attention_groups is None else 1, False,
+            )  # fmt: skip
+        if attention_groups is not None:
+            raise ValueError(
+                "give either a hybrid config.layout or attention_groups=, not both "
+                "(the layout forms vLLM's KV-cache groups itself)"
+            )
+        plan = plan_kv_cache_groups(config.model_layout)
+        # vLLM raises the block so a page holds a Mamba state: pages are that many tokens.
+        block_size = hybrid_block_size(config.model_layout, config.page_size)
+        num_blocks = plan.num_blocks(config.layer_token_budget, block_size)
+        if num_blocks < 2:
+            raise ValueError(
+                f"the layout's {len(plan.groups)} KV-cache groups of {plan.group_size} layers get "
+                f"{num_blocks} block(s) from a budget of {config.layer_token_budget} layer-tokens; "
+                "at least 2 are needed (block 0 is the null block)"
+            )
+        return cls(
+            [g.spec for g in plan.groups], [g.layers for g in plan.groups], block_size, num_blocks,
+            plan.num_padding_layers, plan.group_size, True,
+        )  # fmt: skip
+
+    @property
+    def kinds(self) -> list[str]:
+        return [g.kind for g in self.specs]
+
+    @property
+    def primary_group(self) -> int:
+        """``page_table``'s group: group 0 (the explicit form, a plain model); from a layout
+        the first full-attention group (vLLM may order a Mamba or window group first)."""
+        return self.kinds.index("full") if self.from_layout and "full" in self.kinds else 0
+
+    def kv_groups(self) -> tuple[KVGroup, ...]:
+        return tuple(
+            KVGroup(spec.kind, spec.sliding_window, "blocks", self.block_size, self.num_blocks, layers)
+            for spec, layers in zip(self.specs, self.layers, strict=True)
+        )
+
+    def hash_block_sizes(self, prefix_match_unit: int | None, use_eagle: bool) -> tuple[int, int]:
+        """(vLLM's scheduler block size, its hash block size) for ``--prefix-match-unit``,
+        refusing the units we do not model."""
+        scheduler_block_size, hash_block_size = resolve_hash_block_size(
+            [self.block_size] * len(self.specs), prefix_match_unit
+        )
+        if partial_hash_hits_enabled(self.kinds, self.block_size, hash_block_size):
+            # vLLM would hit inside a block here (copy-on-write of the Mamba state); we cannot.
+            raise ValueError(
+                "prefix_match_unit below the block size with Mamba and no sliding window enables "
+                "vLLM's partial hits, which are not supported"
+            )
+        if use_eagle is True and hash_block_size != self.block_size:
+            # vLLM 0.33's partial tail then reaches the whole prompt and EAGLE caches one block
+            # past the aligned boundary (get_num_cacheable_tokens); we model neither.
+            raise ValueError("use_eagle with a prefix_match_unit below the block size is not supported")
+        return scheduler_block_size, hash_block_size
 
 
 class HashChainCache(PrefixCache[KVCacheBlocks]):
@@ -140,111 +232,47 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         dedupe: bool = False,
     ) -> None:
         super().__init__(config)
-        beside = config.is_hybrid or attention_groups is not None or host_tier is not None
-        if (publish != "allocation" or dedupe is not False) and (beside or kv_events or use_eagle):
-            # Not modelled: SGLang's publication and insert beside vLLM's groups, tier and events.
-            raise ValueError("publish='commit' and dedupe=True are for a dense model without a "
-                             "host_tier, kv_events or use_eagle")
-        if not isinstance(unhashed_first, bool):
-            raise ValueError(f"unhashed_first must be a bool, got {unhashed_first!r}")
+        _check_switches(
+            config, attention_groups, host_tier, host_ack_delay, kv_events, use_eagle, publish, dedupe,
+            unhashed_first,
+        )  # fmt: skip
         self.hash_fn_name = hash_fn
-        num_blocks = config.num_pages
-        block_size = config.page_size
-        # The model layers of each group: every layer in the one group of a plain model;
-        # none known for the explicit attention_groups form.
-        group_layers: list[tuple[int, ...]]
-        if config.is_hybrid:
-            if attention_groups is not None:
-                raise ValueError(
-                    "give either a hybrid config.layout or attention_groups=, not both "
-                    "(the layout forms vLLM's KV-cache groups itself)"
-                )
-            plan = plan_kv_cache_groups(config.model_layout)
-            self.attention_groups = [g.spec for g in plan.groups]
-            group_layers = [g.layers for g in plan.groups]
-            self.num_padding_layers = plan.num_padding_layers
-            self._layers_per_block = plan.group_size  # one block id = a page in each group layer
-            # vLLM raises the block so a page holds a Mamba state: pages are that many tokens.
-            block_size = self.page_size = hybrid_block_size(config.model_layout, config.page_size)
-            num_blocks = plan.num_blocks(config.layer_token_budget, block_size)
-            if num_blocks < 2:
-                raise ValueError(
-                    f"the layout's {len(plan.groups)} KV-cache groups of {plan.group_size} layers get "
-                    f"{num_blocks} block(s) from a budget of {config.layer_token_budget} layer-tokens; "
-                    "at least 2 are needed (block 0 is the null block)"
-                )
-        else:
-            groups = [("full",)] if attention_groups is None else list(attention_groups)
-            if not groups:
-                raise ValueError("attention_groups needs at least one group, e.g. [('full',)]")
-            self.attention_groups = [AttentionGroupSpec.parse(g) for g in groups]
-            self._layers_per_block = config.model_layout.num_layers if attention_groups is None else 1
-            all_layers = tuple(range(config.model_layout.num_layers))
-            group_layers = [all_layers if attention_groups is None else () for _ in self.attention_groups]
-            self.num_padding_layers = 0
-        self.scheduler_block_size, self.hash_block_size = resolve_hash_block_size(
-            [block_size] * len(self.attention_groups), prefix_match_unit
+        groups = KVCacheGroups.of(config, attention_groups)
+        self.attention_groups = groups.specs
+        self.num_padding_layers = groups.num_padding_layers
+        self._layers_per_block = groups.layers_per_block  # one block id = a page in each group layer
+        self.page_size = groups.block_size
+        self.scheduler_block_size, self.hash_block_size = groups.hash_block_sizes(
+            prefix_match_unit, use_eagle
         )
-        if partial_hash_hits_enabled(
-            [g.kind for g in self.attention_groups], block_size, self.hash_block_size
-        ):
-            # vLLM would hit inside a block here (copy-on-write of the Mamba state); we cannot.
-            raise ValueError(
-                "prefix_match_unit below the block size with Mamba and no sliding window enables "
-                "vLLM's partial hits, which are not supported"
-            )
-        if use_eagle is True and self.hash_block_size != block_size:
-            # vLLM 0.33's partial tail then reaches the whole prompt and EAGLE caches one block
-            # past the aligned boundary (get_num_cacheable_tokens); we model neither.
-            raise ValueError("use_eagle with a prefix_match_unit below the block size is not supported")
-        if use_eagle is True and host_tier is not None:
-            # Not recorded against vLLM: the connector's external hit beside the EAGLE drop.
-            raise ValueError("use_eagle with a host_tier is not supported")
         self.prefix_cache_retention_interval = prefix_cache_retention_interval
-        manager_cls = KVCacheManager if host_tier is None else DelayedCachingKVCacheManager
-        self.manager = manager_cls(
-            num_blocks,
-            block_size,
-            get_hash_fn(hash_fn),
-            self.attention_groups,
-            free_order=free_order,
-            unhashed_first=unhashed_first,
-            eviction_policy=eviction_policy,
+        self.manager = (KVCacheManager if host_tier is None else DelayedCachingKVCacheManager)(
+            groups.num_blocks, groups.block_size, get_hash_fn(hash_fn), groups.specs, free_order=free_order,
+            unhashed_first=unhashed_first, eviction_policy=eviction_policy,
             prefix_cache_retention_interval=prefix_cache_retention_interval,
-            free_skipped_on_failure=free_skipped_on_failure,
-            hash_block_size=self.hash_block_size,
-            use_eagle=use_eagle,
-            known_prompt_hashes=known_prompt_hashes,
-            publish=publish,
-            dedupe=dedupe,
-        )
+            free_skipped_on_failure=free_skipped_on_failure, hash_block_size=self.hash_block_size,
+            use_eagle=use_eagle, known_prompt_hashes=known_prompt_hashes, publish=publish, dedupe=dedupe,
+        )  # fmt: skip
         # publish="commit": each live request's length at admission; commits up to it are
         # prefill chunks (SGLang checkpoints those), later ones decode steps.
         self._prefill_end: dict[str, int] | None = None if publish == "allocation" else {}
         self.use_eagle = use_eagle
-        # ``page_table``'s group: group 0 (the explicit form, a plain model); from a layout the
-        # first full-attention group (vLLM may order a Mamba or window group first).
-        kinds = [g.kind for g in self.attention_groups]
-        self.primary_group = kinds.index("full") if config.is_hybrid and "full" in kinds else 0
-        self._kv_groups = tuple(
-            KVGroup(spec.kind, spec.sliding_window, "blocks", block_size, num_blocks, layers)
-            for spec, layers in zip(self.attention_groups, group_layers, strict=True)
-        )
+        self.primary_group = groups.primary_group  # page_table's group
+        self._kv_groups = groups.kv_groups()
         self.block_pool = self.manager.block_pool
-        self._has_mamba = "mamba" in kinds  # prefill chunks end on block boundaries (prefill_chunk)
+        self._has_mamba = "mamba" in groups.kinds  # prefill chunks end on block boundaries (prefill_chunk)
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
-        if not isinstance(kv_events, bool):
-            raise ValueError(f"kv_events must be a bool, got {kv_events!r}")
-        self.kv_events = kv_events
-        self.block_pool.enable_kv_cache_events = kv_events
+        self.kv_events = self.block_pool.enable_kv_cache_events = kv_events
         # The host tier (vLLM 0.33's OffloadingConnector, offload/); None: exactly as without.
-        if host_tier is None and host_ack_delay != 0:
-            raise ValueError("host_ack_delay without a host_tier")
-        self.offload = None if host_tier is None else HostTier(self, host_tier, host_ack_delay)
+        self.offload = None if host_tier is None else HostTier(
+            host_tier, self.manager, capacity_tokens=config.capacity_tokens, page_size=self.page_size,
+            hash_block_size=self.hash_block_size, stats=lambda: self.stats,
+            reserved_tokens=self.reserved_tokens, ack_delay=host_ack_delay,
+        )  # fmt: skip
         self.host_tier = host_tier
         # _extend_in_place: only one group without a tier has steps allocate_slots skips at once
-        self._steps_in_place = self.offload is None and isinstance(
-            self.manager.coordinator, UnitaryKVCacheCoordinator)
+        unitary = isinstance(self.manager.coordinator, UnitaryKVCacheCoordinator)
+        self._steps_in_place = self.offload is None and unitary
 
     # ---------------------------------------------------------------- hooks
     def _match(self, req: Request) -> BlockMatch:
@@ -534,7 +562,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by {holders[b.block_id]}",
             )
         ensure(self.stats.evicted_tokens >= 0, "negative evicted_tokens")
-        ensure(set(self.manager.seen_fraction) <= live, "lrp keeps state for a request that is not live")
+        learning = set(self.block_pool.eviction.seen_fraction)
+        ensure(learning <= live, "lrp keeps state for a request that is not live")
         if self.offload is not None:
             self.offload.check_invariants(live)
 
@@ -542,6 +571,4 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         evicted = self.block_pool.num_evicted_blocks
         self.stats.evicted_tokens += (evicted - self._evicted_seen) * self.page_size
         self._evicted_seen = evicted
-        ranked = self.block_pool.ranked
-        if ranked is not None:
-            self.stats.orphaned_tokens = ranked.num_orphaned_blocks * self.page_size
+        self.stats.orphaned_tokens = self.block_pool.eviction.num_orphaned_blocks * self.page_size

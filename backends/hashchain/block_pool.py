@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
-from prefixcache.backends.hashchain.eviction import RankedEviction
+from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, LazyBlocks
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
 from prefixcache.backends.hashchain.hashing import (
@@ -33,6 +33,7 @@ from prefixcache.request import Request
 
 __all__ = ["BlockHashToBlockMap", "BlockPool"]
 _ref_cnt = attrgetter("ref_cnt")
+_block_hash = attrgetter("block_hash")
 
 
 def _event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
@@ -82,10 +83,12 @@ class BlockPool:
         ranked = leaf_lru or eviction_policy.lower() != "lru"
         if ranked and not unhashed_first:
             raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
-        self.ranked = RankedEviction(policy) if ranked else None
+        self.eviction: FreeQueueLRU | RankedEviction = (
+            RankedEviction(policy, block_size) if ranked else FreeQueueLRU()
+        )
         # Created on first use (free_queue.LazyBlocks), in the order vLLM's preallocated ones
         # leave the queue: ids, free order and eviction order as vLLM's.
-        self.blocks = LazyBlocks(num_gpu_blocks, block_size)
+        self.blocks = LazyBlocks(num_gpu_blocks, self.eviction.make_block)
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         # A cached block's keys beyond its own hash (partial tails, cache_partial_block), each also
@@ -152,31 +155,39 @@ class BlockPool:
             )
         if self.enable_kv_cache_events and self.event_request is None:
             raise ValueError("KV events are on: set BlockPool.event_request to the request being allocated")
-        new_blocks: list[KVCacheBlock] = []
-        keys: list[BlockHashWithGroupId] = []
-        cached_at: list[int] = []  # the indices just hashed
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
-            if block.is_null:  # sliding-window placeholder: nothing to cache
-                continue
-            if block_mask is not None and not block_mask[i - num_cached_blocks]:
-                continue
-            if self.dedupe and self._adopt_cached(block_keys[i], blocks, i):
-                continue
-            block.block_hash = block_keys[i]  # raises if it has one
-            new_blocks.append(block)
-            keys.append(block_keys[i])
-            cached_at.append(i)
+        cached_at = self._blocks_to_cache(block_keys, blocks, num_cached_blocks, num_full_blocks, block_mask)
+        if isinstance(cached_at, range):  # the whole range: slices, no step per block
+            new_blocks = blocks[num_cached_blocks:num_full_blocks]
+            keys = list(block_keys[num_cached_blocks:num_full_blocks])
+        else:
+            new_blocks = [blocks[i] for i in cached_at]
+            keys = [block_keys[i] for i in cached_at]
+        if any(map(_block_hash, new_blocks)):  # vLLM's block_hash setter asserts this per block
+            next(b for b in new_blocks if b.block_hash is not None).assign_hash(keys[0])  # raises
+        for block, key in zip(new_blocks, keys, strict=True):
+            block.block_hash = key
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
         if self.enable_kv_cache_events:
             self._emit_block_stored(block_keys, num_cached_blocks, num_full_blocks, keys, cached_at)
-        ranked = self.ranked
-        if ranked is not None:
-            now = ranked.tick()
-            for i in cached_at:
-                before = blocks[i - 1] if i else None
-                parent = before if before is not None and before.block_hash is not None else None
-                ranked.cached(blocks[i], parent, i, i < num_prompt_blocks, now)
+        self.eviction.on_cached(blocks, cached_at, num_prompt_blocks)
+
+    def _blocks_to_cache(
+        self, block_keys: Sequence[BlockHashWithGroupId], blocks: list[KVCacheBlock], lo: int, hi: int,
+        block_mask: Sequence[bool] | None,
+    ) -> range | list[int]:
+        """The indices in [lo, hi) whose blocks take their keys: all of them (a range) unless
+        some are null (sliding-window placeholders: nothing to cache), masked out, or (dedupe)
+        given back for a cached twin, which ``_adopt_cached`` swaps into ``blocks`` here."""
+        if block_mask is None and not self.dedupe and self.null_block not in blocks[lo:hi]:
+            return range(lo, hi)
+        out = []
+        for i in range(lo, hi):
+            if blocks[i].is_null or (block_mask is not None and not block_mask[i - lo]):
+                continue
+            if self.dedupe and self._adopt_cached(block_keys[i], blocks, i):
+                continue
+            out.append(i)
+        return out
 
     def _adopt_cached(self, key: BlockHashWithGroupId, blocks: list[KVCacheBlock], i: int) -> bool:
         """``dedupe``: if ``key`` is cached already, the request's table takes that block at
@@ -207,9 +218,9 @@ class BlockPool:
         if self.enable_kv_cache_events and self.event_request is None:
             raise ValueError("KV events are on: set BlockPool.event_request to the request being allocated")
         if block.block_hash is None:  # its own hash was evicted while in use (evict_blocks)
-            if self.ranked is not None:
+            if not self.eviction.caches_partial_blocks:
                 return  # ours: a ranked policy indexes full blocks only, so no partial block is cached
-            block.block_hash = key
+            block.assign_hash(key)
         else:
             self.cached_block_hashes_by_block.setdefault(block.block_id, []).append(key)
         self.cached_block_hash_to_block.insert(key, block)
@@ -234,10 +245,7 @@ class BlockPool:
             raise ValueError(
                 f"cannot get {num_blocks} free blocks from the pool ({self.get_num_free_blocks()} free)"
             )
-        if self.ranked is not None:
-            blocks = self._pop_ranked(num_blocks)
-        else:
-            blocks = self.free_block_queue.popleft_n(num_blocks)
+        blocks = self.eviction.take(self, num_blocks)
         if self.num_cached_free_blocks:  # else no free block carries a hash
             if self.enable_kv_cache_events:
                 self._emit_block_removed([key for b in blocks for key in self._keys_of(b)])
@@ -251,35 +259,14 @@ class BlockPool:
             block.ref_cnt += 1
         return blocks
 
-    def _pop_ranked(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Free blocks without a hash first (the queue's head), then the policy's victims,
-        each evicted at once so that its parent may be the next; with no free cached leaf
-        left, the queue's head (orphaning its children, counted)."""
-        ranked = self.ranked
-        assert ranked is not None
-        queue = self.free_block_queue
-        out = queue.popleft_n(min(num_blocks, queue.num_free_blocks - self.num_cached_free_blocks))
-        while len(out) < num_blocks:
-            victim = ranked.pop_victim()
-            if victim is None:
-                victim = queue.popleft()
-            else:
-                queue.remove(victim)
-            self.num_cached_free_blocks -= 1
-            self._maybe_evict_cached_block(victim)
-            out.append(victim)
-        return out
-
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """A hit: take unreferenced blocks out of the free queue, then ref_cnt += 1."""
         queue = self.free_block_queue
-        ranked = self.ranked
-        now = ranked.tick() if ranked is not None else 0
+        blocks = list(blocks)
+        self.eviction.on_hit(blocks)
         for block in blocks:
             if block.is_null:  # we skip the null block's ref_cnt; vLLM bumps it and never reads it
                 continue
-            if ranked is not None:
-                ranked.hit(block, now)
             if block.ref_cnt == 0:
                 queue.remove(block)
                 if block.block_hash is not None:
@@ -292,7 +279,9 @@ class BlockPool:
         Without a hash they are worthless as cache: prepended (reused first). With a hash they
         are appended (LRU). Each list keeps the given order.
         """
-        blocks = [b for b in ordered_blocks if not b.is_null]
+        blocks = list(ordered_blocks)
+        if self.null_block in blocks:  # (sliding window) the null block is never freed
+            blocks = [b for b in blocks if not b.is_null]
         # Ours (vLLM does not check): a bad free raises before any change, leaving the pool intact.
         if blocks and min(map(_ref_cnt, blocks)) <= 0:
             bad = next(b for b in blocks if b.ref_cnt <= 0)
@@ -304,15 +293,7 @@ class BlockPool:
                 released.append(block)
         if not released:
             return
-        if self.ranked is not None:
-            now = self.ranked.tick()
-            # released keeps the caller's order, a request's table tail first: tlru reads the
-            # cached tokens after each block (full blocks only, as radix's page-aligned key)
-            after = 0
-            for b in released:
-                if b.block_hash is not None:
-                    self.ranked.freed(b, now, after)
-                    after += b.num_tokens
+        self.eviction.on_freed(released)
         if self.unhashed_first:
             with_hash = [b for b in released if b.block_hash is not None]
             self.num_cached_free_blocks += len(with_hash)
@@ -344,37 +325,14 @@ class BlockPool:
         free blocks from the queue's head, so there it moves to the head (vLLM's one LRU queue
         leaves it in place)."""
         self.num_cached_free_blocks -= 1
-        if self.ranked is not None:
-            self.free_block_queue.remove(block)
-            self.free_block_queue.prepend_n((block,))
+        self.eviction.requeue_uncached(self, block)
         return self._maybe_evict_cached_block(block)
 
     def evict_lru_blocks(self, num_blocks: int) -> int:
         """Ours (vLLM evicts only lazily): drop the hashes of up to ``num_blocks`` cached
-        blocks from the head of the free queue (LRU first), or the policy's victims under a
-        ranked policy. The blocks stay free, now unhashed.
-        """
-        if self.ranked is not None:
-            return self._evict_ranked(num_blocks)
-        dropped = 0
-        queue = self.free_block_queue
-        block = queue.fake_free_list_head.next_free_block
-        while dropped < num_blocks and block is not None and block is not queue.fake_free_list_tail:
-            if block.block_hash is not None:
-                self.num_cached_free_blocks -= 1
-                dropped += self._maybe_evict_cached_block(block)
-            block = block.next_free_block
-        return dropped
-
-    def _evict_ranked(self, num_blocks: int) -> int:
-        assert self.ranked is not None
-        dropped = 0
-        while dropped < num_blocks:
-            victim = self.ranked.pop_victim()
-            if victim is None:
-                break  # every free cached block left is a parent whose child is in use
-            dropped += self._uncache_free_block(victim)
-        return dropped
+        blocks in the eviction order (the free queue's head first, LRU, or the policy's
+        victims). The blocks stay free, now unhashed."""
+        return self.eviction.evict(self, num_blocks)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every hash; refused (False, nothing changed) while any block is in use."""
@@ -383,8 +341,8 @@ class BlockPool:
         self.cached_block_hash_to_block.clear()
         self.cached_block_hashes_by_block.clear()
         for block in self.blocks.created():  # a block never used has no hash
-            if self.ranked is not None and block.block_hash is not None:
-                self.ranked.uncached(block)
+            if block.block_hash is not None:
+                self.eviction.uncached(block)
             block.reset_hash()
         self.num_cached_free_blocks = 0
         if self.enable_kv_cache_events:
@@ -404,8 +362,7 @@ class BlockPool:
         assert popped is block, f"block {block.block_id} has a hash but is not in the map"
         if self.enable_kv_cache_events:
             self._emit_block_removed(keys)
-        if self.ranked is not None:
-            self.ranked.uncached(block)
+        self.eviction.uncached(block)
         block.reset_hash()
         self.num_evicted_blocks += 1
         return True
@@ -435,7 +392,7 @@ class BlockPool:
             BlockStored(
                 block_hashes=[self._external(key) for key in stored_keys],
                 parent_block_hash=parent,
-                token_ids=list(req.all_token_ids[num_cached_blocks * B : num_full_blocks * B]),
+                token_ids=req.token_ids(num_cached_blocks * B, num_full_blocks * B),
                 block_size=B,
                 lora_id=None,  # our requests carry no LoRA adapter id
                 medium=MEDIUM_GPU,
@@ -457,7 +414,7 @@ class BlockPool:
             BlockStored(
                 block_hashes=[self._external(key)],
                 parent_block_hash=self._external_hash(parent) if parent is not None else None,
-                token_ids=list(req.all_token_ids[start:end]),
+                token_ids=req.token_ids(start, end),
                 block_size=end - start,
                 lora_id=None,  # our requests carry no LoRA adapter id
                 medium=MEDIUM_GPU,
@@ -575,10 +532,4 @@ class BlockPool:
             cached_free == self.num_cached_free_blocks,
             f"{cached_free} cached free blocks, counter says {self.num_cached_free_blocks}",
         )
-        if self.ranked is not None:
-            self.ranked.check(self.blocks)
-            unhashed = len(forward) - cached_free
-            ensure(
-                all(b.block_hash is None for b in forward[:unhashed]),
-                "ranked policy: a free block without a hash behind a cached one in the queue",
-            )
+        self.eviction.check(self)

@@ -7,7 +7,7 @@ Order: head = next to be allocated (and so evicted, LRU); tail = most recently f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import overload
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
@@ -18,14 +18,15 @@ class LazyBlocks:
     block, which at 10^8 tokens is seconds and gigabytes before the first request. A block
     never handed out is fresh (no hash, no holder, free), which is what a new one is."""
 
-    __slots__ = ("_blocks", "block_size")
+    __slots__ = ("_blocks", "make_block")
 
-    def __init__(self, num_blocks: int, block_size: int = 0) -> None:
+    def __init__(self, num_blocks: int, make_block: Callable[[int], KVCacheBlock] = KVCacheBlock) -> None:
+        """``make_block(block_id)``: a fresh block (a ranked pool's carry its policy's fields)."""
         try:
             self._blocks: list[KVCacheBlock | None] = [None] * num_blocks
         except MemoryError:
             raise ValueError(f"a pool of {num_blocks} blocks does not fit in this machine's memory") from None
-        self.block_size = block_size
+        self.make_block = make_block
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -42,17 +43,17 @@ class LazyBlocks:
             return [self[i] for i in range(start, stop, step)]
         block = self._blocks[index]
         if block is None:
-            block = self._blocks[index] = KVCacheBlock(index % len(self._blocks), num_tokens=self.block_size)
+            block = self._blocks[index] = self.make_block(index % len(self._blocks))
         return block
 
     def run(self, lo: int, hi: int) -> list[KVCacheBlock]:
         """Blocks ``lo`` to ``hi - 1``, creating those not yet used (one pass, no per-block call
         through ``__getitem__``: a fresh run hands out thousands at a time)."""
-        blocks, size = self._blocks, self.block_size
+        blocks, make_block = self._blocks, self.make_block
         out = blocks[lo:hi]
         for k, block in enumerate(out):
             if block is None:
-                out[k] = blocks[lo + k] = KVCacheBlock(lo + k, num_tokens=size)
+                out[k] = blocks[lo + k] = make_block(lo + k)
         return out  # type: ignore[return-value]  # every None was replaced
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
@@ -109,16 +110,21 @@ class FreeKVCacheBlockQueue:
         if n > self.num_free_blocks:
             raise ValueError(f"cannot pop {n} blocks: only {self.num_free_blocks} free")
         out: list[KVCacheBlock] = []
+        append = out.append
         curr = self.fake_free_list_head.next_free_block
-        while len(out) < n:
+        left = n
+        while left:
             assert curr is not None
             nxt = curr.next_free_block
-            if isinstance(curr, _FreshRun):
-                out += curr.take(n - len(out))
+            if type(curr) is _FreshRun:
+                taken = curr.take(left)
+                out += taken
+                left -= len(taken)
                 if curr.lo < curr.hi:
                     break  # the run goes on: it stays the head
             else:
-                out.append(curr)
+                append(curr)
+                left -= 1
             curr.prev_free_block = curr.next_free_block = None
             curr = nxt
         assert curr is not None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter, is_
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId
 
 from prefixcache.interface import ensure
+
+_block_hash = attrgetter("block_hash")
 
 
 class BlockHashToBlockMap:
@@ -60,20 +64,25 @@ class BlockHashToBlockMap:
     def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
         self.insert_many((key,), (block,))
 
-    def insert_many(self, keys: Iterable[BlockHashWithGroupId], blocks: Iterable[KVCacheBlock]) -> None:
-        """``insert(k, b)`` for each pair: one C call per block unless the key is taken."""
+    def insert_many(self, keys: Sequence[BlockHashWithGroupId], blocks: Sequence[KVCacheBlock]) -> None:
+        """``insert(k, b)`` for each pair: the dict's own ``setdefault`` over all of them in C,
+        then a Python step only for the keys that were taken already (duplicates)."""
+        if len(keys) != len(blocks):
+            raise ValueError(f"{len(keys)} keys for {len(blocks)} blocks")
         cache = self._cache
-        setdefault = cache.setdefault
-        for key, block in zip(keys, blocks, strict=True):
-            entry = setdefault(key, block)
-            if entry is block:
-                self.version += 1
-                continue
-            if isinstance(entry, KVCacheBlock):
-                cache[key] = {entry.block_id: entry, block.block_id: block}
-                self.num_duplicated_keys += 1
-            else:
-                entry[block.block_id] = block
+        entries: list[KVCacheBlock | dict[int, KVCacheBlock]] = list(map(cache.setdefault, keys, blocks))
+        added = len(keys)
+        if not all(map(is_, entries, blocks)):
+            for key, block, entry in zip(keys, blocks, entries, strict=True):
+                if entry is block:
+                    continue
+                added -= 1
+                if isinstance(entry, KVCacheBlock):
+                    cache[key] = {entry.block_id: entry, block.block_id: block}
+                    self.num_duplicated_keys += 1
+                else:
+                    entry[block.block_id] = block
+        self.version += added
 
     def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
         """Remove only block ``block_id`` from ``key``; None if it is not there."""
@@ -82,27 +91,27 @@ class BlockHashToBlockMap:
             self.version += 1
         return block
 
-    def evict_hashed(self, blocks: Iterable[KVCacheBlock]) -> int:
+    def evict_hashed(self, blocks: Sequence[KVCacheBlock]) -> int:
         """Remove every block of ``blocks`` that carries a hash from the map and forget that
-        hash (one C ``dict.pop`` per block for the allocation path, measured against ``pop``
-        per block in tests/bench); returns how many had one. Raises InvariantError if a
-        hashed block is not in the map."""
-        cache = self._cache
-        evicted = 0
-        for block in blocks:
-            key = block.block_hash
-            if key is None:
-                continue
-            entry = cache.pop(key, None)
-            if entry is not block:  # a duplicated key, or a broken map: the general path
-                if entry is not None:
-                    cache[key] = entry
-                popped = self._pop(key, block.block_id)
+        hash; returns how many had one. Raises InvariantError if a hashed block is not in the
+        map. With no duplicated key each map entry is a block, so the pops run in C (``map``)
+        and are checked after; else each goes through ``_pop``."""
+        hashed = [b for b in blocks if b.block_hash is not None]
+        if not hashed:
+            return 0
+        if self.num_duplicated_keys:
+            for block in hashed:
+                popped = self._pop(block.block_hash, block.block_id)  # type: ignore[arg-type]
                 ensure(popped is block, f"block {block.block_id} has a hash but is not in the map")
-            block.reset_hash()
-            evicted += 1
-        self.version += evicted
-        return evicted
+        else:
+            popped_blocks = list(map(self._cache.pop, map(_block_hash, hashed), repeat(None)))
+            if not all(map(is_, popped_blocks, hashed)):
+                bad = next(b for b, p in zip(hashed, popped_blocks, strict=True) if p is not b)
+                ensure(False, f"block {bad.block_id} has a hash but is not in the map")
+        for block in hashed:
+            block.block_hash = None
+        self.version += len(hashed)
+        return len(hashed)
 
     def _pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
         entry = self._cache.get(key)

@@ -230,7 +230,7 @@ class BlockHasher:
                 if start >= end:
                     return record
         parent = hashes[-1] if hashes else self.none_hash
-        tokens = iter(req.all_token_ids[start:end])
+        tokens = iter(req.token_ids(start, end))
         blocks = zip(*[tokens] * size, strict=True)  # the new full blocks as token tuples, cut in C
         for first, block in zip(range(start, end, size), blocks, strict=True):
             extra = generate_block_hash_extra_keys(req, first, first + size) if needs_extra_keys else None

@@ -7,9 +7,15 @@ SingleTypeKVCacheManager (FullAttention / SlidingWindow) per group -> one BlockP
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from prefixcache.backends.hashchain.block_pool import BlockPool
-from prefixcache.backends.hashchain.hashing import BlockHasher, HashFn, KnownPromptHashes
+from prefixcache.backends.hashchain.hashing import (
+    BlockHasher,
+    BlockHashWithGroupId,
+    HashFn,
+    KnownPromptHashes,
+)
 from prefixcache.backends.hashchain.kv_cache_coordinator import (
     CacheHit,
     KVCacheBlocks,
@@ -90,10 +96,6 @@ class KVCacheManager:
         # vLLM keeps it on the Request (set at each admission lookup): the shared-prefix
         # junction whose window tail sparse retention must hash; 0 = none.
         self.shared_prefix_boundary: dict[str, int] = {}
-        ranked = self.block_pool.ranked
-        self.learner = ranked.learner if ranked is not None else None
-        # lrp: each admitted request's hit fraction as the ghost saw it, until it is freed
-        self.seen_fraction: dict[str, float] = {}
 
     # ---------------------------------------------------------------- read path
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
@@ -163,9 +165,10 @@ class KVCacheManager:
         if needed > self.block_pool.get_num_free_blocks():
             return None
         coordinator.remove_skipped_blocks(request_id, num_computed_tokens)
-        if not running and self.learner is not None:
-            self._begin_learning(request, sum(1 for b in hits[0] if not b.is_null))
         if not running:
+            self.block_pool.eviction.admitted(
+                request, partial(self._lookup_keys, request), sum(1 for b in hits[0] if not b.is_null)
+            )
             coordinator.save_new_computed_blocks(request_id, hits, num_computed_tokens)
             self.shared_prefix_boundary[request_id] = shared_prefix_boundary
         new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
@@ -174,13 +177,10 @@ class KVCacheManager:
             self.cache_blocks(request, num_tokens)
         return new_blocks
 
-    def _begin_learning(self, request: Request, num_hit_blocks: int) -> None:
-        """lrp: the request's lookup (group 0's keys within the hit cap) against the ghost."""
-        assert self.learner is not None and self.block_pool.ranked is not None
+    def _lookup_keys(self, request: Request) -> list[BlockHashWithGroupId]:
+        """The request's lookup: group 0's keys within the hit cap (what lrp's ghost reads)."""
         keys = self.hasher.request_hashes(request).keys(0)
-        lookup = keys[: max_cache_hit_length(request) // self.block_size]
-        now = self.block_pool.ranked.tick()
-        self.seen_fraction[request.request_id] = self.learner.begin(lookup, num_hit_blocks, now)
+        return keys[: max_cache_hit_length(request) // self.block_size]
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens`` tokens.
@@ -204,9 +204,7 @@ class KVCacheManager:
         Reversed, the partial tail is reused first and the chain's deepest block is evicted
         first, so the shared start of a prefix survives longest.
         """
-        if self.learner is not None:
-            seen = self.seen_fraction.pop(request.request_id, 0.0)
-            self.learner.classify(seen, request.num_prompt_tokens, request.num_output_tokens)
+        self.block_pool.eviction.released(request)
         self.shared_prefix_boundary.pop(request.request_id, None)
         self.coordinator.free(request.request_id, reverse=self.free_order == "reverse")
 

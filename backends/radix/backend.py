@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-from prefixcache.backends.radix.events import RadixEventRecorder
+from prefixcache.backends.radix.adapter import RadixAdapter
 from prefixcache.backends.radix.key import RadixKey, TokenArray
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import LiveRequest, Match, PageUsage, PrefixCache, ensure
-from prefixcache.pool import PageIds, PagePool, PageTable
+from prefixcache.interface import LiveRequest, Match, PageUsage, ensure
+from prefixcache.pool import PagePool, PageTable
 from prefixcache.request import Request
 
 # Multimodal placeholder tokens are replaced by values from here up, which no real token id
@@ -104,8 +104,8 @@ class _Live:
 EVICTION_GRANULARITIES = ("leaf", "page")
 
 
-class RadixPrefixCache(PrefixCache[_Live]):
-    name = "radix"
+class RadixPrefixCache(RadixAdapter[_Live]):
+    tree: RadixCache
     page_granular = False  # eviction_granularity="page" (the HiCache subclass keeps SGLang's)
 
     def __init__(
@@ -138,10 +138,6 @@ class RadixPrefixCache(PrefixCache[_Live]):
         if kv_events and eviction_granularity != "leaf":
             raise ValueError("kv_events with eviction_granularity='page' (a split victim) is not modelled")
         self.page_granular = eviction_granularity == "page"
-        if not isinstance(kv_events, bool):
-            raise ValueError(f"kv_events must be a bool, got {kv_events!r}")
-        if kv_events and is_eagle:
-            raise ValueError("kv_events with is_eagle (bigram-keyed pages) is not modelled")
         if config.is_hybrid:
             raise ValueError(
                 f"RadixPrefixCache is the dense cache; layout {config.model_layout.describe()} needs "
@@ -150,35 +146,26 @@ class RadixPrefixCache(PrefixCache[_Live]):
         super().__init__(config)
         self.need_sort = need_sort
         self.is_eagle = is_eagle
-        self.kv_events = kv_events
+        self.events = self._event_recorder(kv_events, is_eagle)
         self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
-        self.tree = RadixCache(
-            config.page_size,
+        self.tree = self._new_tree(eviction_policy, clock, disable)
+
+    def _new_tree(self, eviction_policy: str, clock: Callable[[], float], disable: bool) -> RadixCache:
+        return RadixCache(
+            self.page_size,
             disable=disable,
-            is_eagle=is_eagle,
+            is_eagle=self.is_eagle,
             eviction_policy=eviction_policy,
             free_slots=self._free_slots,
             clock=clock,
             # SGLang: a disabled tree records nothing
-            events=RadixEventRecorder(config.page_size) if kv_events and not disable else None,
-            capacity=config.num_pages,
+            events=None if disable else self.events,
+            capacity=self.config.num_pages,
             learns=True,  # this adapter feeds lrp (learn_admission, learn_release)
             whole_leaves=not self.page_granular,
         )
 
-    # ------------------------------------------------------------------ pages <-> slots
-    def _slots(self, pages: PageIds) -> SlotArray:
-        p = self.page_size
-        if p == 1:
-            return pages  # slot == page
-        return (pages[:, None] * p + np.arange(p, dtype=np.int64)).reshape(-1)
-
-    def _pages_of(self, slots: SlotArray) -> PageIds:
-        """Page ids of whole-page slot runs (slot // page_size at each page start)."""
-        if self.page_size == 1:
-            return slots.copy()  # a copy, as the division below makes one: callers may keep it
-        return slots[:: self.page_size] // self.page_size  # type: ignore[no-any-return]
-
+    # ------------------------------------------------------------------ pool
     def _free_slots(self, slots: SlotArray) -> None:
         self.pool.free(self._pages_of(slots))
 
@@ -199,26 +186,10 @@ class RadixPrefixCache(PrefixCache[_Live]):
         """Tokens SGLang evicts for before an allocation of ``demand_tokens`` (<= 0: none)."""
         return demand_tokens - self.pool.num_free * self.page_size
 
-    def _demand(self, num_tokens: int, decode: bool) -> tuple[int, int]:
-        """(tokens to evict for, pages the need_sort merge test uses) for an allocation of
-        ``num_tokens`` tokens for one request (SGLang's batch size 1):
-        page 1: alloc_token_slots -> (n, n); paged decode: alloc_paged_token_slots_decode and
-        alloc_decode -> (page_size, bs); paged extend: alloc_paged_token_slots_extend and
-        alloc_extend -> (n + bs * page_size, n // page_size + bs + 1)."""
-        p = self.page_size
-        if p == 1:
-            return num_tokens, num_tokens
-        if decode:
-            return p, 1
-        return num_tokens + p, num_tokens // p + 2
-
     # ------------------------------------------------------------------ hooks
     def _match(self, req: Request) -> TreeMatch:
         m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
         return TreeMatch(self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node)
-
-    def _index_version(self) -> int:
-        return self.tree.version
 
     def _revalidate(self, match: Match) -> TreeMatch:
         """Eviction takes leaves first, so the deepest node of the match that still holds its
@@ -421,13 +392,6 @@ class RadixPrefixCache(PrefixCache[_Live]):
         self.tree.dec_lock_ref(live.last_node)
         self.pool.free(live.pages[written:])
 
-    def take_events(self) -> list[object]:
-        """The tree's KV events since the last call (SGLang's ``kv_events.take``); [] when off."""
-        return self.tree.events.take() if self.tree.events is not None else []
-
-    def _page_table(self, req: Request, state: _Live) -> list[int]:
-        return state.pages.tolist()
-
     def _evict(self, num_tokens: int) -> int:
         freed = self.tree.evict(num_tokens)
         self.stats.evicted_tokens += freed
@@ -450,11 +414,11 @@ class RadixPrefixCache(PrefixCache[_Live]):
         try:
             self.tree.check()
         except AssertionError as e:
-            ensure(False, f"radix tree: {e}")
-        p = self.page_size
+            ensure(False, f"{type(self.tree).__name__}: {e}")
         tree_pages: list[int] = []
         for node in self.tree.iter_nodes():
-            assert node.value is not None
+            if node.value is None:  # host-only (HiCache): no device page
+                continue
             pages = self._pages_of(node.value)
             whole = np.array_equal(self._slots(pages), node.value)
             ensure(whole, f"{node} holds slots that are not whole pages")
@@ -462,18 +426,5 @@ class RadixPrefixCache(PrefixCache[_Live]):
         tree_set = set(tree_pages)
         ensure(len(tree_set) == len(tree_pages), "a page is held by two tree nodes")
         ensure(0 not in tree_set, "the tree holds reserved page 0")
-        own: list[int] = []
-        for rid, record in self._live.items():
-            live = record.state
-            shared = live.pages[: live.protected // p].tolist()
-            ensure(set(shared) <= tree_set, f"{rid!r} points at prefix pages the tree no longer holds")
-            own.extend(x for x in live.pages[live.protected // p :].tolist() if x not in tree_set)
-        ensure(len(set(own)) == len(own), "a page is owned by two live requests (or twice by one)")
-        ensure(0 not in own, "a request holds reserved page 0")
         free = set(self.pool.free_page_ids().tolist())
-        ensure(not free & tree_set and not free & set(own), "a free page is also held")
-        ensure(
-            len(free) + len(tree_set) + len(own) == self.config.num_usable_pages,
-            f"pages free {len(free)} + tree {len(tree_set)} + requests {len(own)} "
-            f"!= {self.config.num_usable_pages} usable",
-        )
+        self._check_request_pages(tree_set, free, self.config.num_usable_pages)

@@ -24,12 +24,25 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
-from prefixcache.backends.radix.tree import TreeNode
+from prefixcache.backends.radix.key import RadixKey
+
+
+class TreeNode(Protocol):
+    """What the recorder reads of a node, of either tree (tree.py, unified_tree.py)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def key(self) -> RadixKey: ...
+    @property
+    def parent(self) -> TreeNode | None: ...
 
 SALT_SEED_TAG = b"sglang-cache-salt-v1\0"
+MEDIUM_GPU = "GPU"
+MEDIUM_HOST = "CPU_PINNED"  # SGLang's StorageMedium.CPU (HiCache's host pool)
 _UINT32_MAX = (1 << 32) - 1
 
 
@@ -87,8 +100,8 @@ class RadixEventRecorder:
         return digests
 
     # ------------------------------------------------------------------ recording
-    def record_store(self, node: TreeNode) -> None:
-        from prefixcache.kv_events import MEDIUM_GPU, BlockStored
+    def record_store(self, node: TreeNode, medium: str = MEDIUM_GPU) -> None:
+        from prefixcache.kv_events import BlockStored
 
         parent = node.parent
         assert parent is not None
@@ -105,21 +118,22 @@ class RadixEventRecorder:
                     token_ids=page,
                     block_size=len(page),
                     lora_id=None,
-                    medium=MEDIUM_GPU,
+                    medium=medium,
                     lora_name=None,
                 ),
                 salt,
             )
             parent_hash = h
 
-    def record_remove(self, node: TreeNode) -> None:
-        """After the leaf left the tree (its parent link is kept, as SGLang's)."""
-        from prefixcache.kv_events import MEDIUM_GPU, BlockRemoved
+    def record_remove(self, node: TreeNode, medium: str = MEDIUM_GPU) -> None:
+        """After the leaf left the tree (its parent link is kept, as SGLang's), or, HiCache, its
+        copy on one medium went (the node may stay: demoted, its digests recomputed on use)."""
+        from prefixcache.kv_events import BlockRemoved
 
         hashes: list[bytes | int] = [event_hash(d) for d in self._node_digests(node)]
         del self._digests[node.id]
         if hashes:
-            self._enqueue(BlockRemoved(block_hashes=hashes, medium=MEDIUM_GPU), None)
+            self._enqueue(BlockRemoved(block_hashes=hashes, medium=medium), None)
 
     def record_all_cleared(self) -> None:
         from prefixcache.kv_events import AllBlocksCleared

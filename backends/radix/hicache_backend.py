@@ -19,6 +19,11 @@ With ``host_tier.storage`` the L3 tier (hicache_storage.py) adds: a write-throug
 node on to L3; a lookup of a request not live starts its prefetch (the enqueue; ``enqueue``
 starts it without the admission poll) and polls it (``Match.pending`` while the policy holds
 it); ``advance_transfers`` moves prefetched pages and storage acks along.
+
+``kv_events=True``: the tree records SGLang 0.5.23's events on both media (hicache_tree.py):
+device (GPU) stores and removals as the dense tree's, plus a revival's store and a demotion's
+removal; host (CPU_PINNED) stores when a copy is published (a write-through ack, a write-back
+copy, a prefetched node) and removals when a host copy goes.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ import numpy as np
 from prefixcache.backends.radix.backend import RadixPrefixCache, TreeMatch, _Live, request_key
 from prefixcache.backends.radix.hicache_pool import HostPool, host_pool_tokens
 from prefixcache.backends.radix.hicache_storage import HiCacheStorage, storage_from_config
-from prefixcache.backends.radix.hicache_tree import HiRadixCache, HiTreeNode
+from prefixcache.backends.radix.hicache_tree import HiRadixCache
+from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import Match, PageUsage, PrefixCache, ensure
+from prefixcache.interface import Match, PageUsage, ensure
 from prefixcache.pool import PageIds, PagePool, PageTable
 from prefixcache.request import Request
 from prefixcache.tiers import HostTierConfig
@@ -50,7 +56,7 @@ class HiTreeMatch(TreeMatch):
     """TreeMatch plus the host part: ``best_node`` ends it, ``host_hit_length`` is its size;
     ``host_tokens`` is what admission loads (0 below the threshold)."""
 
-    best_node: HiTreeNode | None = None
+    best_node: TreeNode | None = None
     host_hit_length: int = 0
     host_tokens: int = 0  # type: ignore[assignment]
     pending: bool = False  # type: ignore[assignment]  # L3: its prefetch holds admission
@@ -70,6 +76,7 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         need_sort: bool = False,
         disable: bool = False,
         is_eagle: bool = False,
+        kv_events: bool = False,
     ) -> None:
         if not isinstance(host_tier, HostTierConfig):
             raise ValueError(f"host_tier must be a HostTierConfig, got {type(host_tier).__name__}")
@@ -83,32 +90,30 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         if is_eagle:
             raise ValueError("the radix host tier does not model EAGLE bigram keys")
         host_tier.reject_fields("radix", HASHCHAIN_ONLY_FIELDS)
-        PrefixCache.__init__(self, config)
         self.host_tier = host_tier
-        self.need_sort = need_sort
-        self.is_eagle = False
         self.write_policy = host_tier.write_policy or DEFAULT_WRITE_POLICY
         threshold = host_tier.load_back_threshold
         self.load_back_threshold = LOAD_BACK_THRESHOLD if threshold is None else threshold
         self.device_tokens = config.num_usable_pages * config.page_size
         self.host_size = host_pool_tokens(host_tier, self.device_tokens, config.page_size)
-        self._eviction_policy, self._clock = eviction_policy, clock
         self.cached_tokens_device = self.cached_tokens_host = 0
-        self.pool = PagePool(config.num_pages, need_sort=need_sort, page_size=config.page_size)
-        self.tree = self._new_tree()
+        super().__init__(
+            config, eviction_policy=eviction_policy, clock=clock, need_sort=need_sort, kv_events=kv_events
+        )
         # The L3 tier (hicache_storage.py), off unless host_tier.storage.
         self.storage: HiCacheStorage | None = storage_from_config(self.hitree, host_tier, self.host_size)
 
-    def _new_tree(self) -> HiRadixCache:
+    def _new_tree(self, eviction_policy: str, clock: Callable[[], float], disable: bool) -> HiRadixCache:
         return HiRadixCache(
             self.page_size,
             host_pool=HostPool(self.host_size, self.page_size),
             write_policy=self.write_policy,
-            eviction_policy=self._eviction_policy,
+            eviction_policy=eviction_policy,
             free_slots=self._free_slots,
             on_stored=self._count_stored,
             on_host_evicted=self._count_host_evicted,
-            clock=self._clock,
+            clock=clock,
+            events=self.events,
         )
 
     def _count_stored(self, n: int) -> None:
@@ -294,24 +299,12 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
 
     # ------------------------------------------------------------------ accounting
     def check_invariants(self) -> None:
-        PrefixCache.check_invariants(self)
-        self.pool.check()
+        """The device pages as the dense cache checks them (host-only nodes hold none), then
+        the host pool: every host page free, held by one node, or a prefetch buffer."""
+        super().check_invariants()
         tree, p = self.hitree, self.page_size
-        try:
-            tree.check()
-        except AssertionError as e:
-            ensure(False, f"hicache tree: {e}")
-        tree_pages: list[int] = []
-        host_pages: list[int] = []
-        for node in tree.iter_nodes():
-            assert isinstance(node, HiTreeNode)
-            if node.value is not None:
-                pages = self._pages_of(node.value)
-                ensure(np.array_equal(self._slots(pages), node.value), f"{node}: slots not whole pages")
-                tree_pages.extend(pages.tolist())
-            if node.host_value is not None:
-                host_pages.extend((node.host_value[::p] // p).tolist())
-        tree_set, host_set = set(tree_pages), set(host_pages)
+        host_pages = [page for n in tree._host_nodes() for page in (n.host_value[::p] // p).tolist()]
+        host_set = set(host_pages)
         in_flight = [n for n in tree._host_nodes() if n.write_ack is not None or n.host_lock_ref]
         busy = sum(len(n.host_value) for n in in_flight if n.host_value is not None)
         buffers = self.storage.buffer_pages() if self.storage is not None else []
@@ -319,9 +312,7 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             self.host_usage().in_use == busy // p + len(buffers),
             "host pages in flight drifted from the tree's",
         )
-        ensure(len(tree_set) == len(tree_pages), "a device page is held by two tree nodes")
         ensure(len(host_set) == len(host_pages), "a host page is held by two tree nodes")
-        ensure(0 not in tree_set, "the tree holds reserved page 0")
         host_free = tree.host_pool.free_page_ids()
         ensure(
             len(set(host_free)) == len(host_free) and not set(host_free) & host_set,
@@ -335,18 +326,4 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             len(host_free) + len(host_set) + len(buffers) == tree.host_pool.num_pages,
             f"host pages free {len(host_free)} + tree {len(host_set)} + prefetch {len(buffers)} "
             f"!= {tree.host_pool.num_pages}",
-        )
-        own: list[int] = []
-        for rid, record in self._live.items():
-            live = record.state
-            shared = live.pages[: live.protected // p].tolist()
-            ensure(set(shared) <= tree_set, f"{rid!r} points at prefix pages the tree no longer holds")
-            own.extend(x for x in live.pages[live.protected // p :].tolist() if x not in tree_set)
-        ensure(len(set(own)) == len(own), "a page is owned by two live requests (or twice by one)")
-        free = set(self.pool.free_page_ids().tolist())
-        ensure(not free & tree_set and not free & set(own), "a free page is also held")
-        ensure(
-            len(free) + len(tree_set) + len(own) == self.config.num_usable_pages,
-            f"pages free {len(free)} + tree {len(tree_set)} + requests {len(own)} "
-            f"!= {self.config.num_usable_pages} usable",
         )

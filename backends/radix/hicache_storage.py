@@ -41,11 +41,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
-from prefixcache.backends.radix.events import page_digest
-from prefixcache.backends.radix.hicache_tree import HiRadixCache, HiTreeNode
+from prefixcache.backends.radix.events import MEDIUM_HOST, page_digest
+from prefixcache.backends.radix.hicache_tree import HiRadixCache
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS
-from prefixcache.backends.radix.tree import SlotArray
+from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.request import Request
 from prefixcache.tiers import HostTierConfig
@@ -122,7 +122,7 @@ class PrefetchOp:
     """One request's prefetch (0.5.23 ``PrefetchOperation`` + ``_OngoingPrefetch``)."""
 
     request: Request
-    anchor: HiTreeNode  # last matched node (backed up, or the root), host-pinned
+    anchor: TreeNode  # last matched node (backed up, or the root), host-pinned
     key: RadixKey  # the page-aligned key: matched prefix, then the requested tokens
     matched: int  # L1 + L2 tokens before the requested span
     requested: int  # tokens requested (counted against the in-flight cap)
@@ -164,14 +164,14 @@ class HiCacheStorage:
         self.ops: dict[str, PrefetchOp] = {}  # in flight, FIFO (the IO queue's order)
         self.done: set[str] = set()  # request ids whose prefetch was decided
         self.fetched: dict[str, int] = {}  # tokens each stopped prefetch put on host
-        self.backups: list[HiTreeNode] = []  # host-pinned until their storage ack
+        self.backups: list[TreeNode] = []  # host-pinned until their storage ack
         self.occupied = 0  # prefetch_tokens_occupied
         self.step = 0
         self.backuped_tokens = self.prefetched_tokens = 0
         self.revoked = 0
 
     # ------------------------------------------------------------------ writes (H -> L3)
-    def write_backup(self, node: HiTreeNode) -> None:
+    def write_backup(self, node: TreeNode) -> None:
         """``write_backup_storage`` of a node whose host copy just acked."""
         if node.host_value is None or node.parent is None:
             return
@@ -189,7 +189,7 @@ class HiCacheStorage:
         for node in backups:
             node.host_lock_ref -= 1
 
-    def _path_key(self, node: HiTreeNode) -> RadixKey:
+    def _path_key(self, node: TreeNode) -> RadixKey:
         parts = []
         up = node
         while up.parent is not None:
@@ -201,7 +201,7 @@ class HiCacheStorage:
 
     # ------------------------------------------------------------------ prefetch (L3 -> H)
     def on_lookup(
-        self, req: Request, key: RadixKey, matched: int, anchor: HiTreeNode, *, poll: bool = True
+        self, req: Request, key: RadixKey, matched: int, anchor: TreeNode, *, poll: bool = True
     ) -> bool:
         """The request is looked up while not live: start its prefetch (once: the enqueue),
         then, with ``poll``, check it as admission does. Returns True if the tree changed (a
@@ -226,7 +226,7 @@ class HiCacheStorage:
     def is_pending(self, req: Request) -> bool:
         return req.request_id in self.ops
 
-    def _start(self, req: Request, key: RadixKey, matched: int, anchor: HiTreeNode) -> None:
+    def _start(self, req: Request, key: RadixKey, matched: int, anchor: TreeNode) -> None:
         rid = req.request_id
         if anchor is not self.tree.root_node and not anchor.backuped:
             self.done.add(rid)  # an unbacked anchor: a certain L3 miss (0.5.23's gate)
@@ -345,7 +345,7 @@ class HiCacheStorage:
             return False
         if pos > matched:  # pages the tree holds already: the fetched copies are duplicates
             tree.host_pool.free(host[: pos - matched])
-        leaf = HiTreeNode(now)
+        leaf = TreeNode(now)
         leaf.parent = node
         leaf.key = key[pos:].copy()
         leaf.value = None
@@ -353,10 +353,12 @@ class HiCacheStorage:
         node.children[leaf.key.child_key(self.page_size)] = leaf
         tree.version += 1
         tree._update_leaf_status(node)
+        if tree.events is not None:  # insert_host: a new host-only node
+            tree.events.record_store(leaf, MEDIUM_HOST)
         return True
 
     # ------------------------------------------------------------------ accounting
-    def busy_nodes(self) -> list[HiTreeNode]:
+    def busy_nodes(self) -> list[TreeNode]:
         """Tree nodes this tier pins on host: prefetch anchors and L3 writes in flight."""
         return [op.anchor for op in self.ops.values()] + self.backups
 

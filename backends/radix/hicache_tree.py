@@ -32,34 +32,18 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from prefixcache.backends.radix.events import MEDIUM_HOST, RadixEventRecorder
 from prefixcache.backends.radix.hicache_pool import HostPool
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, MatchResult, RadixCache
-from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode
+from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.eviction import note_eviction
 
 
-class HiTreeNode(TreeNode):
-    """TreeNode plus its host copy, its in-flight write and its host pin."""
-
-    __slots__ = ("host_value", "write_ack", "host_lock_ref", "load_pending")
-
-    def __init__(self, now: float | None = None, priority: int = 0) -> None:
-        super().__init__(now, priority)
-        self.host_value: SlotArray | None = None
-        self.write_ack: int | None = None  # the write-through copy in flight (its ack id)
-        self.host_lock_ref = 0  # pinned on host by a load (until its ack)
-        self.load_pending = False  # write_back: loaded, not yet acked (load_back_pending_id)
-
-    @property
-    def backuped(self) -> bool:
-        return self.host_value is not None
-
-
 class HiMatch(NamedTuple):
     device: MatchResult  # the device part (length, slots, last device node)
-    best_node: HiTreeNode  # deepest matched node, device or host
+    best_node: TreeNode  # deepest matched node, device or host
     host_hit_length: int  # host tokens of the evicted tail of the path
 
 
@@ -75,6 +59,7 @@ class HiRadixCache(RadixCache):
         on_stored: Callable[[int], None] = lambda n: None,
         on_host_evicted: Callable[[int], None] = lambda n: None,
         clock: Callable[[], float] | None = None,
+        events: RadixEventRecorder | None = None,
     ) -> None:
         self.host_pool = host_pool
         self.write_policy = write_policy
@@ -86,18 +71,18 @@ class HiRadixCache(RadixCache):
         # (the shadow-KV tests move their model KV with it).
         self.on_transfer: Callable[[str, SlotArray, SlotArray], None] = lambda kind, d, h: None
         # Each node whose write-through copy acks (the L3 tier writes it on: hicache_storage.py).
-        self.on_write_acked: Callable[[HiTreeNode], None] = lambda node: None
-        self.ongoing_writes: dict[int, tuple[HiTreeNode, list[HiTreeNode]]] = {}
-        self.ongoing_loads: list[HiTreeNode] = []  # anchors locked (device and host) until their ack
-        self.full_host_duplicates: dict[int, HiTreeNode] = {}  # write_back reclaim order
+        self.on_write_acked: Callable[[TreeNode], None] = lambda node: None
+        self.ongoing_writes: dict[int, tuple[TreeNode, list[TreeNode]]] = {}
+        self.ongoing_loads: list[TreeNode] = []  # anchors locked (device and host) until their ack
+        self.full_host_duplicates: dict[int, TreeNode] = {}  # write_back reclaim order
         self._next_ack = 0
         kwargs = {} if clock is None else {"clock": clock}
-        super().__init__(page_size, eviction_policy=eviction_policy, free_slots=free_slots, **kwargs)
+        super().__init__(
+            page_size, eviction_policy=eviction_policy, free_slots=free_slots, events=events, **kwargs
+        )
 
     def reset(self) -> None:
         super().reset()
-        self.root_node = HiTreeNode(self.clock(), priority=ROOT_PRIORITY)
-        self.root_node.lock_ref = 1
         self.ongoing_writes = {}
         self.ongoing_loads = []
         self.full_host_duplicates = {}
@@ -110,7 +95,6 @@ class HiRadixCache(RadixCache):
         """One walk: the device part, then the host-only tail (``_match_prefix_helper``)."""
         key = key.page_aligned(self.page_size)
         root = self.root_node
-        assert isinstance(root, HiTreeNode)
         if len(key) == 0:
             return HiMatch(MatchResult(0, EMPTY_SLOTS, root), root, 0)
         now = self.clock()
@@ -124,7 +108,6 @@ class HiRadixCache(RadixCache):
             if step is None:
                 break
             child, n, diverged = step
-            assert isinstance(child, HiTreeNode)
             if child.evicted:
                 assert child.host_value is not None, f"{child} is evicted and not backed up"
                 host_len += n
@@ -154,7 +137,6 @@ class HiRadixCache(RadixCache):
             if step is None:
                 break
             child, n, _ = step
-            assert isinstance(child, HiTreeNode)
             child.priority = max(child.priority, priority)
             if child.evicted:
                 self._unevict(child, value[pos : pos + n])
@@ -164,7 +146,7 @@ class HiRadixCache(RadixCache):
             self._refresh(child)
             node = child
         if pos < len(key):
-            leaf = HiTreeNode(now, priority=priority)
+            leaf = TreeNode(now, priority=priority)
             leaf.parent = node
             leaf.key = key[pos:].copy()
             leaf.value = value[pos:].copy()
@@ -173,11 +155,13 @@ class HiRadixCache(RadixCache):
             self.evictable_size_ += len(leaf.value)
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
+            if self.events is not None:
+                self.events.record_store(leaf)
             if len(key) > hit_from and self._inc_hit_count_and_check(leaf):
                 self.write_backup(leaf)
         return pos
 
-    def _inc_hit_count_and_check(self, node: HiTreeNode) -> bool:
+    def _inc_hit_count_and_check(self, node: TreeNode) -> bool:
         """0.5.23 ``_inc_hit_count_and_check``: no count on a host-only node nor under
         write_back; True when a not-backed-up node reaches the write-through threshold."""
         if node.evicted or self.is_write_back:
@@ -185,7 +169,7 @@ class HiRadixCache(RadixCache):
         node.hit_count += 1
         return not node.backuped and node.hit_count >= self.write_through_threshold
 
-    def _unevict(self, node: HiTreeNode, fresh: SlotArray, track: bool = True) -> None:
+    def _unevict(self, node: TreeNode, fresh: SlotArray, track: bool = True) -> None:
         """``_unevict_node_on_insert``: a host-only node takes the inserter's fresh slots."""
         node.value = fresh.copy()
         if node.lock_ref > 0:
@@ -198,12 +182,14 @@ class HiRadixCache(RadixCache):
         self._update_leaf_status(node)
         assert node.parent is not None
         self._update_leaf_status(node.parent)
+        if self.events is not None:  # on device again (an insert's fresh KV, or a load)
+            self.events.record_store(node)
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
         """parent -> new[:split_len] -> child[split_len:], device and host slots alike."""
-        assert isinstance(child, HiTreeNode) and child.parent is not None
+        assert child.parent is not None
         assert 0 < split_len < len(child.key)
-        new = HiTreeNode(now, priority=child.priority)
+        new = TreeNode(now, priority=child.priority)
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
         new.parent = child.parent
@@ -217,8 +203,9 @@ class HiRadixCache(RadixCache):
             new.host_value = child.host_value[:split_len].copy()
             child.host_value = child.host_value[split_len:].copy()
         new.write_ack = child.write_ack
-        if child.write_ack is not None:  # both fragments are acked together
-            self.ongoing_writes[child.write_ack][1].append(new)
+        if child.write_ack is not None:  # both fragments are acked together, the upper first
+            fragments = self.ongoing_writes[child.write_ack][1]
+            fragments.insert(fragments.index(child), new)
         child.key = child.key[split_len:]
         child.parent = new
         new.children = {child.key.child_key(self.page_size): child}
@@ -229,7 +216,7 @@ class HiRadixCache(RadixCache):
         return new
 
     # ------------------------------------------------------------------ backup (D -> H)
-    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
+    def write_backup(self, node: TreeNode, write_back: bool = False) -> int:
         """``_execute_and_commit_kv_backup``: back up ``node`` (write-through: its unbacked
         ancestors first), stopping at the first copy the host cannot take. Write-through
         copies lock their node until ``ack_writes``; a write-back copy acks at once. Returns
@@ -238,7 +225,6 @@ class HiRadixCache(RadixCache):
         if not write_back:
             up = node.parent
             while up is not None and up is not self.root_node:
-                assert isinstance(up, HiTreeNode)
                 if up.backuped:
                     break
                 chain.append(up)
@@ -255,8 +241,10 @@ class HiRadixCache(RadixCache):
             target.host_value = host
             self.on_transfer("store", target.value, host)
             self.on_stored(len(host))
-            if write_back:
+            if write_back:  # acked at once (writing_check(write_back=True)): published now
                 self._track_duplicate(target)
+                if self.events is not None:
+                    self.events.record_store(target, MEDIUM_HOST)
             else:
                 self.inc_lock_ref(target)
                 ack = self._next_ack
@@ -276,6 +264,8 @@ class HiRadixCache(RadixCache):
                 if node.write_ack == ack:
                     node.write_ack = None
                     self._track_duplicate(node)
+                if self.events is not None:  # finish_write_through: every fragment published
+                    self.events.record_store(node, MEDIUM_HOST)
             self.dec_lock_ref(lock_node)
             for node in nodes:  # _finish_write_through_ack: every fragment goes on to L3
                 self.on_write_acked(node)
@@ -313,7 +303,7 @@ class HiRadixCache(RadixCache):
         evicted = 0
         while evicted < num_tokens and self._leaves:
             key, _, leaf = self._leaves[0]
-            assert isinstance(leaf, HiTreeNode) and leaf.value is not None
+            assert leaf.value is not None
             note_eviction(self.policy, key)
             n = len(leaf.value)
             if not leaf.backuped and self.is_write_back and self.write_backup(leaf, write_back=True) == 0:
@@ -325,7 +315,7 @@ class HiRadixCache(RadixCache):
             evicted += n
         return evicted
 
-    def _demote(self, node: HiTreeNode) -> None:
+    def _demote(self, node: TreeNode) -> None:
         assert node.value is not None and node.backuped and node.lock_ref == 0
         self.free_slots(node.value)
         self.evictable_size_ -= len(node.value)
@@ -334,23 +324,31 @@ class HiRadixCache(RadixCache):
         self._update_leaf_status(node)
         assert node.parent is not None
         self._update_leaf_status(node.parent)
+        if self.events is not None:
+            self.events.record_remove(node)
 
-    def _drop_subtree(self, node: HiTreeNode) -> None:
+    def _drop_subtree(self, node: TreeNode) -> None:
         """Delete an unbacked device leaf and its host-only subtree (its device slots go to
         ``free_slots``, host slots back to the host pool)."""
         assert node.value is not None and node.lock_ref == 0
         stack: list[TreeNode] = list(node.children.values())
+        dropped = []
         while stack:
             sub = stack.pop()
-            assert isinstance(sub, HiTreeNode) and sub.evicted and sub.host_value is not None
+            assert sub.evicted and sub.host_value is not None
             stack.extend(sub.children.values())
             self._free_host(sub)
+            dropped.append(sub)
         node.children = {}
         self.free_slots(node.value)
         self._delete_leaf(node)
+        if self.events is not None:  # drop_subtree_no_host: the deepest first, then the node
+            for sub in reversed(dropped):
+                self.events.record_remove(sub, MEDIUM_HOST)
+            self.events.record_remove(node)
 
     # ------------------------------------------------------------------ host eviction
-    def _is_host_leaf(self, node: HiTreeNode) -> bool:
+    def _is_host_leaf(self, node: TreeNode) -> bool:
         return (
             node is not self.root_node
             and node.evicted
@@ -373,6 +371,8 @@ class HiRadixCache(RadixCache):
             if not self._is_host_leaf(node):
                 continue
             assert node.host_value is not None and node.parent is not None
+            if self.events is not None:
+                self.events.record_remove(node, MEDIUM_HOST)
             freed += len(node.host_value)
             parent = node.parent
             self._free_host(node)
@@ -380,7 +380,7 @@ class HiRadixCache(RadixCache):
             parent.children.pop(node.key.child_key(self.page_size))
             self.version += 1
             self._update_leaf_status(parent)
-            if isinstance(parent, HiTreeNode) and self._is_host_leaf(parent):
+            if self._is_host_leaf(parent):
                 heapq.heappush(order, (self.policy.priority(parent), parent.id, parent))
         return freed
 
@@ -400,6 +400,8 @@ class HiRadixCache(RadixCache):
                     continue
                 if not self._is_settled_duplicate(node) or node.host_lock_ref:
                     continue
+                if self.events is not None:
+                    self.events.record_remove(node, MEDIUM_HOST)
                 freed += len(node.host_value)
                 self._free_host(node)
                 swept.append(nid)
@@ -407,13 +409,13 @@ class HiRadixCache(RadixCache):
             self.full_host_duplicates.pop(nid, None)
         return freed
 
-    def _free_host(self, node: HiTreeNode) -> None:
+    def _free_host(self, node: TreeNode) -> None:
         assert node.host_value is not None
         self.host_pool.free(node.host_value)
         self.on_host_evicted(len(node.host_value))
         node.host_value = None
 
-    def _is_settled_duplicate(self, node: HiTreeNode) -> bool:
+    def _is_settled_duplicate(self, node: TreeNode) -> bool:
         return (
             node.value is not None
             and node.host_value is not None
@@ -421,28 +423,27 @@ class HiRadixCache(RadixCache):
             and not node.load_pending
         )
 
-    def _track_duplicate(self, node: HiTreeNode) -> None:
+    def _track_duplicate(self, node: TreeNode) -> None:
         if self._is_settled_duplicate(node):
             self.full_host_duplicates.setdefault(node.id, node)
         else:
             self.full_host_duplicates.pop(node.id, None)
 
-    def _host_nodes(self) -> list[HiTreeNode]:
-        return [n for n in self.iter_nodes() if isinstance(n, HiTreeNode) and n.backuped]
+    def _host_nodes(self) -> list[TreeNode]:
+        return [n for n in self.iter_nodes() if n.backuped]
 
     # ------------------------------------------------------------------ load back (H -> D)
-    def evicted_path(self, best_node: HiTreeNode) -> list[HiTreeNode]:
+    def evicted_path(self, best_node: TreeNode) -> list[TreeNode]:
         """The host-only nodes ending at ``best_node``, top-down (what load_back loads)."""
-        path: list[HiTreeNode] = []
+        path: list[TreeNode] = []
         node: TreeNode | None = best_node
         while node is not None and node is not self.root_node and node.evicted:
-            assert isinstance(node, HiTreeNode)
             path.append(node)
             node = node.parent
         path.reverse()
         return path
 
-    def revive(self, node: HiTreeNode, slots: SlotArray) -> None:
+    def revive(self, node: TreeNode, slots: SlotArray) -> None:
         """``commit_load_back``: a host-only node gets device slots; its copy stays, and
         becomes a reclaimable duplicate only at the load's ack (``finish_load``)."""
         assert node.evicted and node.host_value is not None and len(slots) == len(node.host_value)
@@ -450,12 +451,11 @@ class HiRadixCache(RadixCache):
         node.load_pending = self.is_write_back
         self._unevict(node, slots, track=False)
 
-    def finish_load(self, anchor: HiTreeNode) -> None:
+    def finish_load(self, anchor: TreeNode) -> None:
         """``finish_load_back``: along the anchor's root path, clear write_back's load pins
         and register the host copies now duplicated on device."""
         node: TreeNode | None = anchor
         while node is not None and node is not self.root_node:
-            assert isinstance(node, HiTreeNode)
             if self.is_write_back:
                 if not node.load_pending:
                     node = node.parent
@@ -475,7 +475,6 @@ class HiRadixCache(RadixCache):
         evictable = protected = 0
         expected: set[int] = set()
         for node in self.iter_nodes():
-            assert isinstance(node, HiTreeNode)
             parent = node.parent
             assert parent is not None, f"{node} detached"
             assert node.value is not None or node.host_value is not None, f"{node}: deleted but linked"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
+from prefixcache.backends.radix.adapter import RadixAdapter
 from prefixcache.backends.radix.backend import request_key
 from prefixcache.backends.radix.mamba_marconi import marconi_order
 from prefixcache.backends.radix.mamba_pool import DEFAULT_MAMBA_FULL_MEMORY_RATIO, mamba_pool_sizes
@@ -33,7 +34,7 @@ from prefixcache.backends.radix.mamba_tree import MambaNode, MambaRadixTree
 from prefixcache.backends.radix.tree import SlotArray
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import KVGroup, Match, PageUsage, PrefixCache, ensure
+from prefixcache.interface import KVGroup, Match, PageUsage, ensure
 from prefixcache.pool import PagePool, PageTable
 from prefixcache.request import Request
 
@@ -60,7 +61,7 @@ class _Live:
     decoding: bool = False
 
 
-class MambaRadixPrefixCache(PrefixCache[_Live]):
+class MambaRadixPrefixCache(RadixAdapter[_Live]):
     """Radix cache for a layout of ("mamba", S) and ("full",) layers, SGLang 0.5.23 no_buffer.
 
     Contract for the model and the stateful tests (``kv_groups`` / ``page_tables``):
@@ -89,7 +90,7 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
     min-max normalised over the candidates, lowest evicted first).
     """
 
-    name = "radix"
+    tree: MambaRadixTree
 
     def __init__(
         self,
@@ -104,7 +105,11 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
         need_sort: bool = False,
         disable: bool = False,
         is_eagle: bool = False,
+        kv_events: bool = False,
     ) -> None:
+        """kv_events: SGLang's ``enable_kv_cache_events`` on its unified tree: BlockStored for
+        each new leaf, BlockRemoved for each deleted node (a Mamba tombstone emits nothing),
+        AllBlocksCleared at every reset (unified_tree.py)."""
         if not isinstance(config, CacheConfig):
             raise ValueError(f"config must be a CacheConfig, got {type(config).__name__}")
         layout = config.model_layout
@@ -146,7 +151,8 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
         order = self._marconi_order if self.eviction_policy == "marconi" else None
         # One tree for the cache's life: its reset keeps the version counting, so a match
         # taken before a reset is revalidated after it (a new tree restarted the count).
-        self.tree = MambaRadixTree(self._free_slots, self._free_state, order)
+        self.events = self._event_recorder(kv_events, False)
+        self.tree = MambaRadixTree(self._free_slots, self._free_state, order, events=self.events)
 
     def _new_pools(self) -> None:
         self.kv = PagePool(self.sizes.kv_tokens + 1)
@@ -237,9 +243,6 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
             self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.node, m.full_length
         )
 
-    def _index_version(self) -> int:
-        return self.tree.version
-
     def _revalidate(self, match: Match) -> MambaTreeMatch:
         """Match again: SGLang's scheduler re-matches every waiting request each round."""
         return self._match(match.request)
@@ -327,9 +330,6 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
         self.tree.dec_lock_ref(live.node)
         self.kv.free(live.pages[computed:])
 
-    def _page_table(self, req: Request, state: _Live) -> list[int]:
-        return state.pages.tolist()
-
     def _evict(self, num_tokens: int) -> int:
         freed = self.tree.evict(num_tokens, 0)[0]
         self.stats.evicted_tokens += freed
@@ -370,12 +370,8 @@ class MambaRadixPrefixCache(PrefixCache[_Live]):
         return PageUsage(free, evictable, self.sizes.states - free - evictable)
 
     def check_invariants(self) -> None:
-        for what, u, total in (
-            ("KV", self.usage(), self.sizes.kv_tokens),
-            ("state", self.state_usage(), self.sizes.states),
-        ):
-            ensure(min(u) >= 0, f"{what} pool: negative count in {u}")
-            ensure(sum(u) == total, f"{what} pool: free + evictable + in use = {sum(u)} != {total}")
+        self._check_usage("KV", self.usage(), self.sizes.kv_tokens)
+        self._check_usage("state", self.state_usage(), self.sizes.states)
         self.kv.check()
         self.states.check()
         try:

@@ -38,7 +38,7 @@ def marconi_order(
         memory = (state_units if node.mamba is not None else 0) + len(node.key) * n_full
         return flops / memory
 
-    rec = [node.last_access for node in nodes]
+    rec = [node.last_access_time for node in nodes]
     eff = [efficiency(node) for node in nodes]
 
     def norm(xs: list[float]) -> list[float]:

@@ -7,7 +7,7 @@ A node holds full-attention KV slots (``value``) and at most one recurrent-state
 a node is the model's recurrent state after exactly the tokens from the root to its end.
 
 - match: walk the key, split where it ends inside a node; the hit is cut back to the deepest
-  node holding a state (the recurrent state is exact only there). Stamps ``last_access`` on
+  node holding a state (the recurrent state is exact only there). Stamps ``last_access_time`` on
   that node and its ancestors only, and moves only that node's state to the Mamba MRU end.
 - locks: the full lock covers node -> root, the Mamba lock the node only.
 - insert: a new leaf takes the state; an existing tombstone adopts it; an existing state wins
@@ -21,44 +21,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
-import numpy as np
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.tree import SlotArray
-
-EMPTY: SlotArray = np.empty(0, dtype=np.int64)
-
-
-class MambaNode:
-    __slots__ = (
-        "children",
-        "parent",
-        "key",
-        "value",
-        "mamba",
-        "full_lock",
-        "mamba_lock",
-        "last_access",
-        "id",
-    )
-
-    def __init__(self, node_id: int, now: float) -> None:
-        self.children: dict[object, MambaNode] = {}
-        self.parent: MambaNode | None = None
-        self.key = RadixKey(EMPTY)
-        self.value: SlotArray = EMPTY
-        self.mamba: int | None = None
-        self.full_lock = 0
-        self.mamba_lock = 0
-        self.last_access = now
-        self.id = node_id
-
-    def __repr__(self) -> str:
-        return (
-            f"MambaNode(id={self.id}, len={len(self.key)}, mamba={self.mamba}, "
-            f"locks={self.full_lock}/{self.mamba_lock})"
-        )
+from prefixcache.backends.radix.unified_tree import UnifiedTreeCore
+from prefixcache.backends.radix.unified_tree import UnifiedTreeNode as MambaNode
 
 
 class MambaMatch(NamedTuple):
@@ -78,9 +47,9 @@ class MambaInsert(NamedTuple):
 EvictionOrder = Callable[[list[MambaNode]], list[MambaNode]]
 
 
-class MambaRadixTree:
+class MambaRadixTree(UnifiedTreeCore):
     """free_slots / free_state: called with what eviction and duplicate inserts free.
-    order: None for SGLang's LRU (full: least recent ``last_access`` leaf first; Mamba: its
+    order: None for SGLang's LRU (full: least recent ``last_access_time`` leaf first; Mamba: its
     LRU list); else a function putting eviction candidates in eviction order (Marconi)."""
 
     def __init__(
@@ -88,37 +57,21 @@ class MambaRadixTree:
         free_slots: Callable[[SlotArray], None],
         free_state: Callable[[int], None],
         order: EvictionOrder | None = None,
+        events: RadixEventRecorder | None = None,
     ) -> None:
+        super().__init__(1, events)
         self.free_slots = free_slots
         self.free_state = free_state
         self.order = order
-        # Ours, as RadixCache.version: changes whenever a match could change. It keeps counting
-        # across resets: a match taken before one must never find its version again.
-        self.version = 0
-        # Node ids, as SGLang's TreeNode.counter, never restart: the Mamba LRU is keyed by id,
-        # and a node of before a reset (a stale match's) must never share one with a new node.
-        self._ids = 0
         self.reset()
 
     def reset(self) -> None:
-        self._time = 0.0
-        self.root = self._new_node()
-        self.full_evictable = self.full_protected = 0
+        super().reset()
         self.mamba_evictable = self.mamba_protected = 0
         # Mamba LRU: every node holding a state, least recently used first.
         self.lru: OrderedDict[int, MambaNode] = OrderedDict()
-        self.version += 1
 
     # ------------------------------------------------------------------ helpers
-    def _tick(self) -> float:
-        self._time += 1.0
-        return self._time
-
-    def _new_node(self) -> MambaNode:
-        node = MambaNode(self._ids, self._tick())
-        self._ids += 1
-        return node
-
     def _set_state(self, node: MambaNode, slot: int) -> None:
         assert node.mamba is None
         node.mamba = slot
@@ -139,49 +92,16 @@ class MambaRadixTree:
         """SGLang's D-leaf: not the root, no child, no lock of either kind on the node."""
         return node is not self.root and not node.children and node.full_lock == 0 and node.mamba_lock == 0
 
-    def _split(self, child: MambaNode, n: int) -> MambaNode:
-        """parent -> new[:n] -> child[n:]; the new upper node is a Mamba tombstone (its state,
-        at its own end, was never computed)."""
-        assert child.parent is not None and 0 < n < len(child.key)
-        new = self._new_node()
-        new.parent = child.parent
-        new.key, new.value = child.key[:n], child.value[:n].copy()
-        new.full_lock = child.full_lock
-        child.key, child.value = child.key[n:], child.value[n:].copy()
-        child.parent = new
-        new.children = {child.key.child_key(): child}
-        new.parent.children[new.key.child_key()] = new
-        child.last_access = self._tick()
-        return new
-
     # ------------------------------------------------------------------ match / insert
     def match_prefix(self, key: RadixKey) -> MambaMatch:
-        node, best, best_len, pos = self.root, self.root, 0, 0
-        values: list[SlotArray] = []
-        while pos < len(key):
-            child = node.children.get(key[pos:].child_key())
-            if child is None:
-                break
-            n = child.key.match(key[pos:])
-            diverged = n < len(child.key)
-            if diverged:
-                child = self._split(child, n)
-            values.append(child.value)
-            node, pos = child, pos + n
-            if node.mamba is not None:
-                best, best_len = node, pos
-            if diverged:
-                break
-        if best.mamba is not None:
-            self.lru.move_to_end(best.id)
-        # SGLang stamps the best node and its ancestors, each a little older than its child.
-        t, up = self._tick(), cast(MambaNode | None, best)
-        while up is not None:
-            up.last_access = t
-            t -= 0.00001
-            up = up.parent
-        indices = np.concatenate(values)[:best_len] if values else EMPTY
-        return MambaMatch(best_len, indices, best, pos, node)
+        """The split leaves its new upper part a Mamba tombstone (its state, at its own end,
+        was never computed)."""
+        walk = self._match_walk(key, lambda node: node.mamba is not None)
+        if walk.best.mamba is not None:
+            self.lru.move_to_end(walk.best.id)
+        self._stamp_path(walk.best)  # the best node and its ancestors only
+        indices = walk.indices()
+        return MambaMatch(len(indices), indices, walk.best, walk.length, walk.last)
 
     def insert(
         self, key: RadixKey, value: SlotArray, mamba: int | None, prev_prefix_len: int = 0
@@ -191,28 +111,15 @@ class MambaRadixTree:
         [prev_prefix_len, already cached) are duplicates and are freed here, in walk order."""
         if len(value) != len(key):
             raise ValueError(f"insert of {len(key)} tokens with {len(value)} slots")
-        node, pos = self.root, 0
-        self.root.last_access = self._tick()
-        while pos < len(key):
-            child = node.children.get(key[pos:].child_key())
-            if child is None:
-                break
-            child.last_access = self._tick()
-            n = child.key.match(key[pos:])
-            if n < len(child.key):
-                child = self._split(child, n)
-            dup_start = max(0, prev_prefix_len - pos)
+
+        def overlap(child: MambaNode, start: int, n: int) -> None:
+            dup_start = max(0, prev_prefix_len - start)
             if dup_start < n:
-                self.free_slots(value[pos + dup_start : pos + n])
-            node, pos = child, pos + n
+                self.free_slots(value[start + dup_start : start + n])
+
+        node, pos = self._insert_walk(key, overlap)
         if pos < len(key):
-            leaf = self._new_node()
-            leaf.parent = node
-            leaf.key = RadixKey(key.token_ids[pos:].copy(), key.extra_key)
-            leaf.value = value[pos:].copy()
-            node.children[leaf.key.child_key()] = leaf
-            self.full_evictable += len(leaf.value)
-            self.version += 1
+            leaf = self._add_leaf(node, key[pos:], value[pos:])
             if mamba is not None:
                 self._set_state(leaf, mamba)
             return MambaInsert(pos, leaf, False)
@@ -220,36 +127,23 @@ class MambaRadixTree:
             return MambaInsert(pos, node, node.mamba is not None)
         if node.mamba is None:
             self._set_state(node, mamba)
-            node.last_access = self._tick()
+            node.last_access_time = self._tick()
             self.version += 1  # a match can now reach further
             return MambaInsert(pos, node, False)
         self.lru.move_to_end(node.id)
-        node.last_access = self._tick()
+        node.last_access_time = self._tick()
         return MambaInsert(pos, node, True)
-
-    def path_indices(self, node: MambaNode) -> SlotArray:
-        parts = []
-        while node is not self.root:
-            parts.append(node.value)
-            assert node.parent is not None
-            node = node.parent
-        return np.concatenate(parts[::-1]) if parts else EMPTY
 
     # ------------------------------------------------------------------ locks
     def inc_lock_ref(self, node: MambaNode) -> None:
+        """The full lock on the path, the Mamba lock on the node only (none on the root)."""
         if node is self.root:
             return
         if node.mamba_lock == 0 and node.mamba is not None:
             self.mamba_evictable -= 1
             self.mamba_protected += 1
         node.mamba_lock += 1
-        up: MambaNode | None = node
-        while up is not None and up is not self.root:
-            if up.full_lock == 0:
-                self.full_evictable -= len(up.value)
-                self.full_protected += len(up.value)
-            up.full_lock += 1
-            up = up.parent
+        self._lock_full(node)
 
     def dec_lock_ref(self, node: MambaNode) -> None:
         if node is self.root:
@@ -260,14 +154,7 @@ class MambaRadixTree:
             self.mamba_evictable += 1
             self.mamba_protected -= 1
         node.mamba_lock -= 1
-        up: MambaNode | None = node
-        while up is not None and up is not self.root:
-            assert up.full_lock > 0, f"unbalanced full lock on {up}"
-            if up.full_lock == 1:
-                self.full_evictable += len(up.value)
-                self.full_protected -= len(up.value)
-            up.full_lock -= 1
-            up = up.parent
+        self._unlock_full(node)
 
     # ------------------------------------------------------------------ eviction
     def _delete_leaf(self, leaf: MambaNode) -> tuple[int, int]:
@@ -278,9 +165,8 @@ class MambaRadixTree:
         if leaf.mamba is not None:
             self._drop_state(leaf)
             states = 1
-        del leaf.parent.children[leaf.key.child_key()]
         self.full_evictable -= len(leaf.value)
-        self.version += 1
+        self._unlink(leaf)
         return len(leaf.value), states
 
     def evictable_leaves(self) -> list[MambaNode]:
@@ -294,7 +180,7 @@ class MambaRadixTree:
             leaves = self.evictable_leaves()
             while tokens < num_tokens and leaves:
                 if self.order is None:
-                    leaf = min(leaves, key=lambda n: n.last_access)
+                    leaf = min(leaves, key=lambda n: n.last_access_time)
                 else:
                     leaf = self.order(leaves)[0]
                 leaves.remove(leaf)
@@ -323,31 +209,13 @@ class MambaRadixTree:
         return tokens, states
 
     # ------------------------------------------------------------------ inspection
-    def iter_nodes(self) -> list[MambaNode]:
-        out, stack = [], list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
-
     def check(self) -> None:
         """AssertionError unless sizes, links, locks and the Mamba LRU agree."""
-        fe = fp = me = mp = 0
+        self._check_full()
+        me = mp = 0
         holders = set()
         for node in self.iter_nodes():
-            parent = node.parent
-            assert parent is not None and parent.children.get(node.key.child_key()) is node, (
-                f"{node} unlinked"
-            )
-            assert len(node.key) == len(node.value) > 0, f"{node}: key and value lengths differ"
-            assert node.full_lock >= 0 and node.mamba_lock >= 0, f"{node}: negative lock"
             assert node.full_lock >= node.mamba_lock, f"{node}: Mamba lock without the full lock"
-            if node.full_lock:
-                assert parent is self.root or parent.full_lock > 0, f"{node} locked, its parent not"
-                fp += len(node.value)
-            else:
-                fe += len(node.value)
             if node.mamba is not None:
                 holders.add(node.id)
                 if node.mamba_lock:
@@ -355,6 +223,5 @@ class MambaRadixTree:
                 else:
                     me += 1
         assert self.root.mamba is None and not self.root.full_lock, "the root holds no state, no lock"
-        assert (fe, fp) == (self.full_evictable, self.full_protected), f"full sizes drifted {fe, fp}"
         assert (me, mp) == (self.mamba_evictable, self.mamba_protected), f"mamba sizes drifted {me, mp}"
         assert holders == set(self.lru), "Mamba LRU != nodes holding a state"

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
-from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode
+from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode, iter_nodes
 
 from prefixcache.eviction import (
     EvictionPolicy,
@@ -436,12 +436,7 @@ class RadixCache:
     # ------------------------------------------------------------------ inspection
     def iter_nodes(self) -> list[TreeNode]:
         """Every node but the root, parents before children."""
-        out, stack = [], list(self.root_node.children.values())
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
+        return iter_nodes(self.root_node)
 
     def evictable_leaves(self) -> list[TreeNode]:
         """The evictable leaves in eviction order."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
+from prefixcache.backends.radix.adapter import RadixAdapter
 from prefixcache.backends.radix.backend import request_key
 from prefixcache.backends.radix.swa_pool import (
     DEFAULT_SWA_FULL_TOKENS_RATIO,
@@ -46,7 +47,7 @@ from prefixcache.backends.radix.swa_tree import LockReceipt, SWANode, SWARadixTr
 from prefixcache.backends.radix.tree import SlotArray
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, PrefixCache, ensure
+from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, ensure
 from prefixcache.pool import PageIds, PageTable
 from prefixcache.request import Request
 
@@ -73,8 +74,8 @@ class _SWALive:
     decoding: bool = False
 
 
-class SWARadixPrefixCache(PrefixCache[_SWALive]):
-    name = "radix"
+class SWARadixPrefixCache(RadixAdapter[_SWALive]):
+    tree: SWARadixTree
 
     def __init__(
         self,
@@ -86,7 +87,11 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         need_sort: bool = False,
         disable: bool = False,
         is_eagle: bool = False,
+        kv_events: bool = False,
     ) -> None:
+        """kv_events: SGLang's ``enable_kv_cache_events`` on its unified tree: BlockStored for
+        each new leaf, BlockRemoved for each deleted node (a tombstone emits nothing),
+        AllBlocksCleared at every reset (unified_tree.py); not with ``is_eagle``."""
         if eviction_policy != "lru" or need_sort or disable:
             raise ValueError(
                 "the hybrid SWA radix cache supports eviction_policy='lru', need_sort=False and "
@@ -105,12 +110,13 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         self.swa_eviction_interval = swa_eviction_interval
         self.is_eagle = is_eagle
         self.sizes = swa_pool_sizes(config, swa_full_tokens_ratio)
+        self.events = self._event_recorder(kv_events, is_eagle)  # one stream across resets
         self._new_pools()
 
     def _new_pools(self) -> None:
         p = self.page_size
         self.pool = SWAPagePool(self.sizes.full_tokens // p + 1, self.sizes.swa_tokens // p + 1, page_size=p)
-        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle)
+        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle, events=self.events)
 
     # ------------------------------------------------------------------ layout
     def kv_groups(self) -> tuple[KVGroup, ...]:
@@ -145,13 +151,6 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
             )
 
     # ------------------------------------------------------------------ helpers
-    def _slots(self, pages: PageIds) -> SlotArray:
-        p = self.page_size
-        return pages if p == 1 else (pages[:, None] * p + np.arange(p, dtype=np.int64)).reshape(-1)
-
-    def _pages_of(self, slots: SlotArray) -> PageIds:
-        return slots[:: self.page_size] // self.page_size  # type: ignore[no-any-return]
-
     def _take(self, num_pages: int, demand: int) -> PageIds | None:
         """``evict_to_free_tokens(demand)`` then take ``num_pages`` (maybe 0: SGLang evicts for
         its demand even when the tokens fit in the last page) from both pools; None, evicting
@@ -177,11 +176,6 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
             num_pages <= pool.full.num_free + tree.full_evictable // p
             and num_pages <= pool.swa.num_free + swa_bonus + tree.swa_evictable // p
         )
-
-    def _demand(self, num_tokens: int, decode: bool) -> int:
-        """Tokens SGLang evicts for: page 1 n; paged decode page_size; paged extend n + page."""
-        p = self.page_size
-        return num_tokens if p == 1 else (p if decode else num_tokens + p)
 
     def _out_of_window(self, live: _SWALive, pre_len: int) -> tuple[int, int] | None:
         """``free_swa_out_of_window_slots``' range: the request's own tokens [lo, hi) more than
@@ -210,9 +204,6 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
             self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, m.full_hit
         )
 
-    def _index_version(self) -> int:
-        return self.tree.version
-
     def _revalidate(self, match: Match) -> SWATreeMatch:
         """Ours: look the request up again. A tombstone can break the window rule anywhere on
         the old path, so what still holds is what a fresh match finds."""
@@ -224,7 +215,7 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         total = m.tokens + num_new_tokens
         receipt = self.tree.inc_lock_ref(m.last_node)  # first, so making room cannot evict the hit
         need = -(-total // self.page_size) - m.tokens // self.page_size
-        new_pages = self._take(need, self._demand(num_new_tokens, decode=False))
+        new_pages = self._take(need, self._demand(num_new_tokens, decode=False)[0])
         if new_pages is None:
             self.tree.dec_lock_ref(receipt)
             return None
@@ -251,7 +242,7 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
             return False  # ours: SGLang would slide the window and then fail (retract)
         if slide:
             self._free_out_of_window(live, pre_len)
-        new_pages = self._take(need, self._demand(n, decode))
+        new_pages = self._take(need, self._demand(n, decode)[0])
         if new_pages is None:
             return False
         live.pages.extend(new_pages)
@@ -324,9 +315,6 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         self.tree.dec_lock_ref(live.receipt)
         self.pool.free(live.pages[written:])
 
-    def _page_table(self, req: Request, state: _SWALive) -> list[int]:
-        return state.pages.tolist()
-
     def _evict(self, num_tokens: int) -> int:
         self.pool.end_group()
         freed, _ = self.tree.evict(num_tokens, 0)
@@ -371,12 +359,8 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
         return PageUsage(free, evictable, self.pool.swa.num_pages - 1 - free - evictable)
 
     def check_invariants(self) -> None:
-        for name, u, total in (
-            ("full", self.usage(), self.pool.full.num_pages - 1),
-            ("swa", self.swa_usage(), self.pool.swa.num_pages - 1),
-        ):
-            ensure(min(u) >= 0, f"{name} pool: negative page count in {u}")
-            ensure(sum(u) == total, f"{name} pool: free + evictable + in use = {sum(u)} != {total}")
+        self._check_usage("full", self.usage(), self.pool.full.num_pages - 1)
+        self._check_usage("swa", self.swa_usage(), self.pool.swa.num_pages - 1)
         try:
             self.pool.check()
             self.tree.check()
@@ -392,20 +376,11 @@ class SWARadixPrefixCache(PrefixCache[_SWALive]):
             tree_full.update(pages)
             if node.swa is not None:
                 tree_swa.update(self.pool.full_to_swa[self._pages_of(node.value)].tolist())
-        own_full: list[int] = []
         for rid, record in self._live.items():
-            live, req = record.state, record.request
-            ensure(req.num_computed_tokens <= record.reserved, f"{rid!r} computed > reserved")
-            ensure(len(live.pages) * p >= record.reserved, f"{rid!r} page table short of its reservation")
-            shared = set(live.pages[: live.protected // p].tolist())
-            ensure(shared <= tree_full, f"{rid!r} points at prefix pages the tree no longer holds")
-            own_full.extend(x for x in live.pages[live.protected // p :].tolist() if x not in tree_full)
-        ensure(len(set(own_full)) == len(own_full), "a full page is owned twice")
+            ensure(record.request.num_computed_tokens <= record.reserved, f"{rid!r} computed > reserved")
+            ensure(len(record.state.pages) * p >= record.reserved, f"{rid!r} page table short of reserved")
         free_full = set(self.pool.full.free_page_ids().tolist())
-        ensure(
-            len(free_full) + len(tree_full) + len(own_full) == self.pool.full.num_pages - 1,
-            "full pages free + tree + requests != usable",
-        )
+        self._check_request_pages(tree_full, free_full, self.pool.full.num_pages - 1)
         mapped = self.pool.full_to_swa[self.pool.full_to_swa > 0]
         free_swa = self.pool.swa.num_free
         ensure(

@@ -1,58 +1,9 @@
-"""SWANode and SWALRU: a node of the hybrid SWA radix tree and the list of nodes holding SWA KV
-(SGLang 0.5.23's ``UnifiedTreeNode`` with its FULL and SWA component data, and the SWA
-component's ``LRUList``)."""
+"""SWALRU: the list of nodes holding SWA KV (SGLang 0.5.23's SWA component ``LRUList``), linked
+through the nodes' ``lru_prev`` / ``lru_next`` (unified_tree.py)."""
 
 from __future__ import annotations
 
-import numpy as np
-from prefixcache.backends.radix.key import ChildKey, RadixKey
-from prefixcache.backends.radix.tree import SlotArray
-
-EMPTY: SlotArray = np.empty(0, dtype=np.int64)
-
-
-class SWANode:
-    __slots__ = (
-        "children",
-        "parent",
-        "key",
-        "value",
-        "swa",
-        "full_lock",
-        "swa_lock",
-        "swa_uuid",
-        "last_access_time",
-        "id",
-        "lru_prev",
-        "lru_next",
-    )
-
-    def __init__(self, node_id: int, now: float) -> None:
-        self.children: dict[ChildKey, SWANode] = {}
-        self.parent: SWANode | None = None
-        self.key = RadixKey(EMPTY)
-        self.value: SlotArray | None = EMPTY  # full-pool slots; None once deleted
-        self.swa: SlotArray | None = None  # SWA-pool slots; None = tombstone
-        self.full_lock = 0
-        self.swa_lock = 0
-        self.swa_uuid: int | None = None  # set on the node where an SWA lock's window ends
-        self.last_access_time = now
-        self.id = node_id
-        self.lru_prev: SWANode | None = None
-        self.lru_next: SWANode | None = None
-
-    @property
-    def tombstone(self) -> bool:
-        return self.swa is None
-
-    def __lt__(self, other: SWANode) -> bool:
-        return self.last_access_time < other.last_access_time
-
-    def __repr__(self) -> str:
-        return (
-            f"SWANode(id={self.id}, len={len(self.key)}, full_lock={self.full_lock}, "
-            f"swa_lock={self.swa_lock}, tombstone={self.tombstone})"
-        )
+from prefixcache.backends.radix.unified_tree import UnifiedTreeNode as SWANode
 
 
 class SWALRU:

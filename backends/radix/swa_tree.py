@@ -23,13 +23,18 @@ match's best node / an insert's target, the deepest first (parents older).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from prefixcache.backends.radix.adapter import slot_pages
+from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
-from prefixcache.backends.radix.swa_node import EMPTY, SWALRU, SWANode
+from prefixcache.backends.radix.swa_node import SWALRU
 from prefixcache.backends.radix.swa_pool import SWAPagePool
 from prefixcache.backends.radix.tree import SlotArray
+from prefixcache.backends.radix.unified_tree import EMPTY, UnifiedTreeCore
+from prefixcache.backends.radix.unified_tree import UnifiedTreeNode as SWANode
 
 
 class SWAMatch(NamedTuple):
@@ -44,44 +49,35 @@ class LockReceipt(NamedTuple):
     swa_uuid: int | None  # where the SWA lock's window ended (None: it reached the root)
 
 
-class SWARadixTree:
-    def __init__(self, page_size: int, window: int, pool: SWAPagePool, is_eagle: bool = False) -> None:
+class SWARadixTree(UnifiedTreeCore):
+    def __init__(
+        self,
+        page_size: int,
+        window: int,
+        pool: SWAPagePool,
+        is_eagle: bool = False,
+        events: RadixEventRecorder | None = None,
+    ) -> None:
         if window < 1:
             raise ValueError(f"SWA tree needs a positive window, got {window}")
-        self.page_size = page_size
+        if events is not None and is_eagle:
+            raise ValueError("kv_events with is_eagle (bigram-keyed pages) is not modelled")
+        super().__init__(page_size, events)
         self.window = window
         self.is_eagle = is_eagle
         self.pool = pool
-        self.version = 0  # ours, as RadixCache.version: changes whenever a match could change
-        self._time = 0.0
-        self._next_id = 0
         self._next_uuid = 0
         self.reset()
 
-    # ------------------------------------------------------------------ basics
-    def _tick(self) -> float:
-        """SGLang's ``get_and_increase_time_counter``."""
-        t = self._time
-        self._time += 1.0
-        return t
-
-    def _new_node(self) -> SWANode:
-        node = SWANode(self._next_id, self._tick())
-        self._tick()  # creation_time takes the next tick, as SGLang's node constructor
-        self._next_id += 1
-        return node
-
     def reset(self) -> None:
-        self.version += 1
-        self.root = self._new_node()
+        super().reset()
         self.root.swa = EMPTY
         self.lru = SWALRU()
         self.leaves: set[SWANode] = set()  # evictable device leaves
-        self.full_evictable = self.full_protected = 0
         self.swa_evictable = self.swa_protected = 0
 
     def _pages(self, slots: SlotArray) -> SlotArray:
-        return slots[:: self.page_size] // self.page_size  # type: ignore[no-any-return]
+        return slot_pages(slots, self.page_size)
 
     def to_swa(self, full_slots: SlotArray) -> SlotArray:
         """``translate_loc_from_full_to_swa`` (0 where a slot has no SWA peer)."""
@@ -115,26 +111,15 @@ class SWARadixTree:
         else:
             self.swa_evictable += len(swa)
 
-    def _split(self, child: SWANode, n: int) -> SWANode:
-        """parent -> new[:n] -> child[n:]; the new node inherits locks, the uuid moves up."""
-        assert child.parent is not None and child.value is not None and 0 < n < len(child.key)
-        new = self._new_node()
-        new.parent = child.parent
-        new.key, child.key = child.key[:n], child.key[n:]
-        new.children = {child.key.child_key(self.page_size): child}
-        new.full_lock, new.swa_lock = child.full_lock, child.swa_lock
-        new.value, child.value = child.value[:n].copy(), child.value[n:].copy()
+    def redistribute_on_node_split(self, new: SWANode, child: SWANode) -> None:
+        """The SWA part of a split: the lock is inherited, the uuid moves up, the new node goes
+        just after the child in the SWA LRU (its parent, so older)."""
+        new.swa_lock = child.swa_lock
         if child.swa is not None:
-            new.swa, child.swa = child.swa[:n].copy(), child.swa[n:].copy()
+            new.swa, child.swa = child.swa[: len(new.key)].copy(), child.swa[len(new.key) :].copy()
         new.swa_uuid, child.swa_uuid = child.swa_uuid, None
-        child.parent = new
-        new.parent.children[new.key.child_key(self.page_size)] = new
         if new.swa is not None:
             self.lru.insert_after(child, new)
-        child.last_access_time = self._tick()
-        self._update_leaf(new)
-        self._update_leaf(child)
-        return new
 
     # ------------------------------------------------------------------ match
     def match_prefix(self, key: RadixKey) -> SWAMatch:
@@ -144,51 +129,26 @@ class SWARadixTree:
         key = key.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(self.page_size)
         if len(key) == 0:
             return SWAMatch(0, EMPTY, self.root, 0)
-        node, pos, full_hit = self.root, 0, 0
-        values: list[SlotArray] = []
-        best, best_chunks = self.root, 0
+        walk = self._match_walk(key, self.create_match_validator())
+        self.lru.refresh_window(walk.best, self.root, self.window + self.page_size)
+        self._stamp_path(walk.best)
+        indices = walk.indices()
+        return SWAMatch(len(indices), indices, walk.best, walk.length)
+
+    def create_match_validator(self) -> Callable[[SWANode], bool]:
+        """The SWA component's rule: a match may end where at least one window of untombstoned
+        tokens follows the last tombstone on the path."""
         since = float("inf")  # untombstoned tokens since the last tombstone
-        while pos < len(key):
-            child = node.children.get(key[pos:].child_key(self.page_size))
-            if child is None:
-                break
-            n = child.key.match(key[pos:], self.page_size)
-            full_hit += n
-            partial = n < len(child.key)
-            if partial:
-                child = self._split(child, n)
-            assert child.value is not None
-            values.append(child.value)
-            if child.swa is None:
+
+        def accept(node: SWANode) -> bool:
+            nonlocal since
+            if node.swa is None:
                 since = 0
-            else:
-                since += len(child.key)
-                if since >= self.window:
-                    best, best_chunks = child, len(values)
-            node = child
-            pos += n
-            if partial:
-                break
-        self.lru.refresh_window(best, self.root, self.window + self.page_size)
-        self._stamp_path(best)
-        chunks = values[:best_chunks]
-        indices = np.concatenate(chunks) if chunks else EMPTY
-        return SWAMatch(len(indices), indices, best, full_hit)
+                return False
+            since += len(node.key)
+            return since >= self.window
 
-    def _stamp_path(self, node: SWANode | None) -> None:
-        now = self._tick()
-        while node is not None:
-            node.last_access_time = now
-            now -= 0.00001
-            node = node.parent
-
-    def path_indices(self, node: SWANode) -> SlotArray:
-        chunks = []
-        while node is not self.root:
-            assert node.value is not None and node.parent is not None
-            chunks.append(node.value)
-            node = node.parent
-        return np.concatenate(chunks[::-1]) if chunks else EMPTY
+        return accept
 
     # ------------------------------------------------------------------ insert
     def insert(
@@ -209,23 +169,15 @@ class SWARadixTree:
         value = np.asarray(value, dtype=np.int64)[: len(key)]
         if len(value) != len(key):
             raise ValueError(f"insert of {len(key)} tokens with only {len(value)} slot indices")
-        self.root.last_access_time = self._tick()
-        node, total = self.root, 0
-        while total < len(key):
-            child = node.children.get(key[total:].child_key(self.page_size))
-            if child is None:
-                break
-            child.last_access_time = self._tick()
-            n = child.key.match(key[total:], self.page_size)
-            if n < len(child.key):
-                child = self._split(child, n)
-            self._overlap(child, total, value[total : total + n], prev_prefix_len, swa_evicted_seqlen)
-            node, total = child, total + n
+
+        def overlap(child: SWANode, start: int, n: int) -> None:
+            self._overlap(child, start, value[start : start + n], prev_prefix_len, swa_evicted_seqlen)
+
+        node, total = self._insert_walk(key, overlap)
         prefix_len = total
         target = node
         if total < len(key):
             target = self._add_leaf(node, key[total:], value[total:])
-            self.version += 1
             self._populate(target, total, len(key), swa_evicted_seqlen)
         if target is not self.root:
             self.lru.refresh_window(target, self.root, self.window + self.page_size)
@@ -278,17 +230,6 @@ class SWARadixTree:
             self._split(node, live_start - start)  # ``node`` keeps the upper part
         return live_start
 
-    def _add_leaf(self, parent: SWANode, key: RadixKey, value: SlotArray) -> SWANode:
-        leaf = self._new_node()
-        leaf.parent = parent
-        leaf.key = key.copy()
-        leaf.value = value.copy()
-        parent.children[leaf.key.child_key(self.page_size)] = leaf
-        self.full_evictable += len(value)
-        self._update_leaf(leaf)
-        self._update_leaf(parent)
-        return leaf
-
     def _populate(self, leaf: SWANode, start: int, end: int, evicted: int) -> None:
         """``commit_insert_component_data`` for a new leaf: give it SWA KV where the inserter
         still holds it, capping a fresh leaf at one page-aligned window (the older part is
@@ -311,15 +252,7 @@ class SWARadixTree:
         """Full lock on the path; SWA lock up to one window back (the window's end stamped)."""
         if node.value is None:
             raise ValueError(f"inc_lock_ref on deleted {node}")
-        cur = node
-        while cur is not self.root:
-            assert cur.parent is not None and cur.value is not None
-            if cur.full_lock == 0:
-                self.full_evictable -= len(cur.value)
-                self.full_protected += len(cur.value)
-            cur.full_lock += 1
-            self.leaves.discard(cur)
-            cur = cur.parent
+        self._lock_full(node)
         cur, covered, uuid = node, 0, None
         while cur is not self.root and covered < self.window:
             if cur.swa_lock == 0 and cur.swa is not None:
@@ -357,18 +290,8 @@ class SWARadixTree:
         """Undo ``inc_lock_ref`` (SWA first, then full); skip SWA if released early."""
         if not swa_released:
             self._release_swa_lock(receipt)
-        cur = receipt.node
-        while cur is not self.root:
-            if cur.full_lock <= 0:
-                raise RuntimeError(f"unbalanced full lock release at {cur}")
-            assert cur.value is not None and cur.parent is not None
-            if cur.full_lock == 1:
-                self.full_evictable += len(cur.value)
-                self.full_protected -= len(cur.value)
-            cur.full_lock -= 1
-            if cur.full_lock == 0:
-                self._update_leaf(cur)
-            cur = cur.parent
+        for cur in self._unlock_full(receipt.node):
+            self._update_leaf(cur)
         self._update_leaf(receipt.node)
 
     # ------------------------------------------------------------------ eviction
@@ -386,12 +309,8 @@ class SWARadixTree:
             self.pool.free_swa(pages)
         self.pool.full.free(pages)
         self.leaves.discard(node)
-        parent = node.parent
-        removed = parent.children.pop(node.key.child_key(self.page_size))
-        assert removed is node
         node.value = None
-        self.version += 1
-        self._update_leaf(parent)
+        self._unlink(node)
 
     def _tombstone(self, node: SWANode, freed: list[int]) -> None:
         assert node.swa is not None and node.value is not None
@@ -475,32 +394,14 @@ class SWARadixTree:
             cur = cur.parent
 
     # ------------------------------------------------------------------ inspection
-    def iter_nodes(self) -> list[SWANode]:
-        out, stack = [], list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
-
     def check(self) -> None:
         """AssertionError unless links, sizes, locks, the leaf set and the SWA list agree."""
-        fe = fp = se = sp = 0
+        self._check_full()
+        se = sp = 0
         leaves, in_lru = set(), set()
         for node in self.iter_nodes():
-            parent = node.parent
-            assert parent is not None and node.value is not None, f"{node} detached or deleted"
-            assert len(node.value) == len(node.key) > 0 and len(node.key) % self.page_size == 0, (
-                f"{node}: bad length"
-            )
-            assert parent.children.get(node.key.child_key(self.page_size)) is node, f"{node} misfiled"
-            assert node.full_lock >= 0 and node.swa_lock >= 0, f"{node}: negative lock"
+            assert node.value is not None
             assert node.swa_lock == 0 or node.full_lock > 0, f"{node}: an SWA lock without a full lock"
-            if node.full_lock:
-                fp += len(node.value)
-                assert parent is self.root or parent.full_lock > 0, f"{node} locked, its parent not"
-            else:
-                fe += len(node.value)
             if node.swa is not None:
                 assert len(node.swa) == len(node.value), f"{node}: swa length"
                 assert np.array_equal(self.to_swa(node.value), node.swa), f"{node}: swa slots != mapping"
@@ -515,7 +416,6 @@ class SWARadixTree:
                 )
             if self._is_leaf(node):
                 leaves.add(node.id)
-        assert (fe, fp) == (self.full_evictable, self.full_protected), f"full sizes drifted: {(fe, fp)}"
         assert (se, sp) == (self.swa_evictable, self.swa_protected), f"swa sizes drifted: {(se, sp)}"
         assert {n.id for n in self.leaves} == leaves, "evictable leaf set is stale"
         assert in_lru == self.lru.members == {n.id for n in self.lru.order()}, "SWA LRU != live SWA nodes"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -14,6 +14,25 @@ SlotArray = npt.NDArray[np.int64]
 ROOT_PRIORITY = -sys.maxsize  # any real priority overrides the root's
 
 
+class _Node(Protocol):
+    @property
+    def children(self) -> dict[Any, Any]: ...
+
+
+N = TypeVar("N", bound=_Node)
+
+
+def iter_nodes(root: N) -> list[N]:
+    """Every node below ``root`` (itself excluded), parents before children."""
+    out: list[N] = []
+    stack: list[N] = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
+
+
 class TreeNode:
     """A node owns the edge from its parent: ``key`` (tokens) and ``value`` (their KV slots).
 
@@ -21,6 +40,11 @@ class TreeNode:
            a torch tensor on the KV pool's device; we simulate on the CPU with a numpy array.)
     lock_ref: running requests whose path passes through here; > 0 means protected.
     hit_count: requests whose inserted path passed through here (LFU / SLRU read it).
+
+    The host-backup component (HiCache, hicache_tree.py) keeps its data here too, so one node
+    type serves the tree with or without a host tier: ``host_value`` (host slots; None = no
+    copy), ``write_ack`` (the write-through copy in flight), ``host_lock_ref`` (pinned on host)
+    and ``load_pending`` (write_back: loaded, not yet acked).
     """
 
     __slots__ = (
@@ -39,6 +63,10 @@ class TreeNode:
         "policy_state",
         "reuse_class",
         "credited",
+        "host_value",
+        "write_ack",
+        "host_lock_ref",
+        "load_pending",
     )
 
     counter: ClassVar[int] = 0  # advances on every construction, as SGLang's class counter
@@ -61,6 +89,10 @@ class TreeNode:
         self.policy_state: tuple | None = None
         self.reuse_class: tuple = ()  # lrp: the class of the request that last unlocked it
         self.credited = False  # lrp: a hit since then was counted
+        self.host_value: SlotArray | None = None
+        self.write_ack: int | None = None
+        self.host_lock_ref = 0
+        self.load_pending = False
         self.id = TreeNode.counter
         TreeNode.counter += 1
 
@@ -71,6 +103,10 @@ class TreeNode:
     @property
     def evicted(self) -> bool:
         return self.value is None
+
+    @property
+    def backuped(self) -> bool:
+        return self.host_value is not None
 
     def __lt__(self, other: TreeNode) -> bool:
         return self.last_access_time < other.last_access_time

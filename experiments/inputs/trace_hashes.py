@@ -121,6 +121,8 @@ class _Store:
         self.none_hash = none_hash
         self.per_node = MOONCAKE_BLOCK // unit
         self.width = len(none_hash)  # the digest's bytes (NONE_HASH is one of its digests)
+        # a node's hashes are its bytes cut at these (no call per unit to read them)
+        self._units = [slice(j * self.width, (j + 1) * self.width) for j in range(self.per_node)]
         name = next((n for n, f in HASH_FUNCTIONS.items() if f is hash_fn), None)
         key = hashlib.sha256(
             f"{owner.records_digest}/{unit}/{name}/{none_hash.hex()}/{sys.version_info[:2]}/"
@@ -170,7 +172,6 @@ class _Store:
         return value
 
     def prompt_hashes(self, index: int, num_units: int) -> list[BlockHash]:
-        w = self.width
         out: list[BlockHash] = []
         for node in self.owner.paths[index]:
             if len(out) >= num_units:
@@ -178,7 +179,7 @@ class _Store:
             fresh = self.nodes[node] is None
             raw = self._node(node)
             take = min(self.per_node, num_units - len(out))
-            out += [BlockHash(raw[j * w : (j + 1) * w]) for j in range(take)]
+            out += map(raw.__getitem__, self._units[:take])  # bytes: BlockHash values
             if not fresh:
                 self.read += take
         return out

@@ -44,7 +44,7 @@ def _state(value: Any, host_value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------- upstream
-def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no cover - needs SGLang
+def replay_upstream(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]]:  # pragma: no cover
     import logging
 
     import torch
@@ -167,6 +167,7 @@ def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no c
             page_size=ps,
             tree_components=(ComponentType.FULL,),
             tree_core_backend="python",
+            enable_kv_cache_events=events,
         )
     )
     # What init_hicache (+ attach_hybrid_pool_to_unified_cache) leaves set for a FULL tree.
@@ -299,13 +300,18 @@ def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no c
         nodes = states()
         if nodes != last_nodes:  # the tree's nodes and states, recorded where they change
             rec["nodes"] = last_nodes = nodes
+        if events:  # the events drained after the op (the first: the construction's too)
+            from prefixcache.experiments.upstream.kv_event_cases import event_json
+
+            rec["events"] = [event_json(e) for e in tree.take_events()]
         records.append(rec)
     return records
 
 
 # ---------------------------------------------------------------------------- ours
-def replay_ours(sc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The same ops through ``make_cache("radix", ..., host_tier=...)`` and the contract."""
+def replay_ours(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]]:
+    """The same ops through ``make_cache("radix", ..., host_tier=...)`` and the contract;
+    ``events``: with ``kv_events``, each record holds the events drained after its op."""
     from prefixcache import CacheConfig, Request, make_cache
     from prefixcache.tiers import HostTierConfig
 
@@ -317,6 +323,7 @@ def replay_ours(sc: dict[str, Any]) -> list[dict[str, Any]]:
             CacheConfig(sc["capacity_tokens"], sc["page_size"]),
             host_tier=tier,
             clock=itertools.count().__next__,
+            kv_events=events,
         )
     warned = any("smaller than the device pool" in str(w.message) for w in caught)
     reqs: dict[str, Request] = {}
@@ -365,6 +372,10 @@ def replay_ours(sc: dict[str, Any]) -> list[dict[str, Any]]:
                 stack.append((child, end))
         if sorted(nodes) != last_nodes:
             rec["nodes"] = last_nodes = sorted(nodes)
+        if events:
+            from prefixcache.experiments.upstream.kv_event_cases import event_json
+
+            rec["events"] = [event_json(e) for e in cache.take_events()]
         out.append(rec)
     return out
 
@@ -403,5 +414,23 @@ def main() -> None:  # pragma: no cover - needs SGLang
             print("   ", d, file=sys.stderr)
 
 
+EVENT_FIXTURES = FIXTURES.parent / "events" / "sglang_hicache_streams"
+
+
+def record_events() -> None:  # pragma: no cover - needs SGLang
+    """Every case with KV events on (device and host media), to tests/fixtures/upstream/events/
+    sglang_hicache_streams/ (tests/test_radix_hybrid_events.py)."""
+    from prefixcache.experiments.upstream.hicache_cases import all_cases
+
+    EVENT_FIXTURES.mkdir(parents=True, exist_ok=True)
+    for sc in all_cases():
+        records = [{"events": r.get("events", [])} for r in replay_upstream(sc, events=True)]
+        out = {"system": "sglang-hicache", "upstream": UPSTREAM, "scenario": sc, "records": records}
+        path = EVENT_FIXTURES / f"sglang_hicache_events_{sc['name']}.json"
+        path.write_text(json.dumps(out, separators=(",", ":")))
+        print(path.name, file=sys.stderr)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
+    record_events()

@@ -146,7 +146,9 @@ def _mapping_only_pool() -> Any:  # pragma: no cover - needs SGLang
     return MappingOnlyPool()
 
 
-def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no cover - needs SGLang
+def replay_upstream(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]]:  # pragma: no cover
+    """``events``: with ``enable_kv_cache_events``, each record also holds the events drained
+    after its op (the first, the construction's AllBlocksCleared too)."""
     import torch
     from prefixcache.experiments.upstream import shim  # noqa: F401 - import stubs first
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
@@ -176,6 +178,7 @@ def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no c
             is_eagle=sc.get("is_eagle", False),
             tree_components=(ComponentType.FULL, ComponentType.SWA),
             tree_core_backend="python",
+            enable_kv_cache_events=events,
         )
     )
     locks: dict[str, Any] = {}
@@ -228,8 +231,29 @@ def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no c
             tree.full_evictable_size(),
             tree.swa_evictable_size(),
         ]
+        if events:
+            from prefixcache.experiments.upstream.kv_event_cases import event_json
+
+            rec["events"] = [event_json(e) for e in tree.take_events()]
         records.append(rec)
     return records
+
+
+EVENT_FIXTURES = FIXTURES.parent / "events" / "sglang_swa_streams"
+
+
+def record_events() -> None:  # pragma: no cover - needs SGLang
+    """The tree scenarios (plain keys: kv_events is refused with EAGLE) with KV events on, to
+    tests/fixtures/upstream/events/sglang_swa_streams/ (tests/test_radix_hybrid_events.py)."""
+    EVENT_FIXTURES.mkdir(parents=True, exist_ok=True)
+    for sc in all_scenarios():
+        if sc.get("is_eagle"):
+            continue
+        out = {"system": "sglang-hybrid", "upstream": UPSTREAM, "scenario": sc,
+               "records": replay_upstream(sc, events=True)}
+        path = EVENT_FIXTURES / f"sglang_swa_events_{sc['name']}.json"
+        path.write_text(json.dumps(out, separators=(",", ":")))
+        print(path.name, file=sys.stderr)
 
 
 def sizing_cases() -> list[dict[str, Any]]:
@@ -316,6 +340,7 @@ def main() -> None:  # pragma: no cover - needs SGLang
     (FIXTURES / "sglang_hybrid_pools.json").write_text(json.dumps(extra, indent=1))
     print("sglang_hybrid_pools.json", file=sys.stderr)
     record_requests()
+    record_events()
 
 
 # ---------------------------------------------------------------------------- requests

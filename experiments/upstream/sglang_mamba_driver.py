@@ -129,7 +129,9 @@ def all_scenarios() -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------- upstream
-def _build(kv_tokens: int, mamba_slots: int) -> tuple[Any, Any, Any]:  # pragma: no cover - needs SGLang
+def _build(  # pragma: no cover - needs SGLang
+    kv_tokens: int, mamba_slots: int, events: bool = False
+) -> tuple[Any, Any, Any]:
     import torch
     from prefixcache.experiments.upstream import shim  # noqa: F401 - import stubs first
     from sglang.kernels.ops.attention.fla.chunk_delta_h import CHUNK_SIZE
@@ -191,6 +193,7 @@ def _build(kv_tokens: int, mamba_slots: int) -> tuple[Any, Any, Any]:  # pragma:
             tree_components=(ComponentType.FULL, ComponentType.MAMBA),
             enable_mamba_extra_buffer=False,
             tree_core_backend="python",
+            enable_kv_cache_events=events,
         )
     )
     return tree, alloc, rows
@@ -212,12 +215,15 @@ def _states(tree: Any) -> list[list[Any]]:  # pragma: no cover - needs SGLang
     return sorted(out)
 
 
-def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no cover - needs SGLang
+def replay_upstream(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]]:  # pragma: no cover
+    """``events``: with ``enable_kv_cache_events``, each record also holds the events drained
+    after its op (the first, the construction's AllBlocksCleared too)."""
     from prefixcache.experiments.upstream import shim  # noqa: F401 - import stubs first
+    from prefixcache.experiments.upstream.kv_event_cases import event_json
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
-    tree, alloc, rows = _build(sc["kv_tokens"], sc["mamba_slots"])
+    tree, alloc, rows = _build(sc["kv_tokens"], sc["mamba_slots"], events)
     mamba = rows.mamba_allocator
     locks: dict[str, Any] = {}
     records: list[dict[str, Any]] = []
@@ -263,8 +269,24 @@ def replay_upstream(sc: dict[str, Any]) -> list[dict[str, Any]]:  # pragma: no c
             tree.mamba_evictable_size(),
         ]
         rec["states"] = _states(tree)
+        if events:
+            rec["events"] = [event_json(e) for e in tree.take_events()]
         records.append(rec)
     return records
+
+
+EVENT_FIXTURES = FIXTURES.parent / "events" / "sglang_mamba_streams"
+
+
+def record_events() -> None:  # pragma: no cover - needs SGLang
+    """The tree scenarios with KV events on, to tests/fixtures/upstream/events/
+    sglang_mamba_streams/ (tests/test_radix_hybrid_events.py)."""
+    EVENT_FIXTURES.mkdir(parents=True, exist_ok=True)
+    for sc in all_scenarios():
+        out = {"upstream": UPSTREAM, "scenario": sc, "records": replay_upstream(sc, events=True)}
+        path = EVENT_FIXTURES / f"sglang_mamba_events_{sc['name']}.json"
+        path.write_text(_dump(out))
+        print(f"wrote {path.name}")
 
 
 # ---------------------------------------------------------------------------- requests
@@ -496,6 +518,7 @@ def main() -> None:  # pragma: no cover - needs SGLang
         path = FIXTURES / f"sglang_mamba_{sc['name']}.json"
         path.write_text(_dump(out))
         print(f"wrote {path.name}: {len(sc['ops'])} ops")
+    record_events()
 
 
 if __name__ == "__main__":

@@ -3,20 +3,19 @@ backend only forwards (see connector.py for how the hooks map onto vLLM's engine
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from prefixcache.backends.hashchain.block_match import BlockMatch
 from prefixcache.backends.hashchain.kv_cache_coordinator import KVCacheBlocks
 from prefixcache.backends.hashchain.kv_cache_manager import KVCacheManager
 from prefixcache.backends.hashchain.offload.connector import OffloadingConnectorScheduler
 from prefixcache.backends.hashchain.offload.spec import OffloadSpec
 
-from prefixcache.interface import PageUsage
+from prefixcache.interface import CacheStats, PageUsage
 from prefixcache.request import Request
 from prefixcache.tiers import HostTierConfig
-
-if TYPE_CHECKING:
-    from prefixcache.backends.hashchain.backend import BlockMatch, HashChainCache
 
 
 class DelayedCachingKVCacheManager(KVCacheManager):
@@ -41,21 +40,32 @@ class DelayedCachingKVCacheManager(KVCacheManager):
 
 
 class HostTier:
-    def __init__(self, cache: HashChainCache, config: HostTierConfig, ack_delay: int) -> None:
-        kinds = [g.kind for g in cache.attention_groups]
-        if cache.config.is_hybrid or kinds != ["full"]:
+    """Given the backend's manager and what it reads of the backend (its stats, a request's
+    reserved tokens), not the backend itself: the backend is given a tier, as vLLM's scheduler
+    is given a KV connector."""
+
+    def __init__(
+        self,
+        config: HostTierConfig,
+        manager: KVCacheManager,
+        *,
+        capacity_tokens: int,
+        page_size: int,
+        hash_block_size: int,
+        stats: Callable[[], CacheStats],
+        reserved_tokens: Callable[[Request], int],
+        ack_delay: int,
+    ) -> None:
+        kinds = [m.spec.kind for m in manager.coordinator.single_type_managers]
+        if kinds != ["full"]:
             raise ValueError(
                 f"the hashchain host tier supports a dense layout only (one full-attention group); "
                 f"got groups {kinds}"
             )
-        spec = OffloadSpec.from_config(
-            config, cache.config.capacity_tokens, cache.page_size, cache.hash_block_size
-        )
-        self.cache = cache
-        self.manager = cache.manager
-        self.connector = OffloadingConnectorScheduler(
-            spec, cache.manager.hasher, lambda: cache.stats, ack_delay
-        )
+        spec = OffloadSpec.from_config(config, capacity_tokens, page_size, hash_block_size)
+        self.manager = manager
+        self.reserved_tokens = reserved_tokens
+        self.connector = OffloadingConnectorScheduler(spec, manager.hasher, stats, ack_delay)
         self.connector.on_load_done = self._load_done
 
     @property
@@ -100,7 +110,7 @@ class HostTier:
         that reserved more than the load) are cached now, as that second call."""
         self.manager.block_pool.event_request = req  # the BlockStored name this request's tokens
         self.manager.cache_blocks(req, num_loaded_tokens)
-        reserved = min(self.cache.reserved_tokens(req), req.num_tokens)
+        reserved = min(self.reserved_tokens(req), req.num_tokens)
         if reserved > num_loaded_tokens:
             self.manager.cache_blocks(req, reserved)
 
