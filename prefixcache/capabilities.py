@@ -69,17 +69,23 @@ TABLE: dict[tuple[str, str, bool], Mix] = {
     ("radix", "dense", True): Mix(
         tuple(p for p in _RADIX if p not in CAPACITY_POLICIES),
         True,
+        kv_events=True,  # device and host media
         why="SGLang's HiCache tree keeps no ghost (arc, s3fifo) and lrp learns from each request's "
-        "lookup, which this cache does not feed; it emits no kv_events here and keys no EAGLE bigrams",
+        "lookup, which this cache does not feed; it keys no EAGLE bigrams",
     ),
     ("radix", "swa", False): Mix(
-        ("lru",), eagle=True, why="SGLang's SWA tree evicts by LRU only; it emits no kv_events here"
+        ("lru",),
+        kv_events=True,
+        eagle=True,
+        events_with_eagle=False,
+        why="SGLang's SWA tree evicts by LRU only; kv_events with is_eagle is not modelled",
     ),
     ("radix", "mamba", False): Mix(
         ("lru", "marconi"),
+        kv_events=True,
         page_size=1,
         why="SGLang 0.5.23's no_buffer Mamba tree needs page_size 1 and drops is_eagle (Marconi's "
-        "eviction beside its LRU); it emits no kv_events here",
+        "eviction beside its LRU)",
     ),
 }
 REFUSED: dict[tuple[str, str, bool], str] = {
