@@ -126,7 +126,7 @@ def _check_columns(df: pd.DataFrame, x: str, y: str, hue: str | None, col: str |
 def grid_columns() -> list[str]:
     """The settings of a sweep cell, as table columns: the CLI's config keys but the seed
     (workload parameters are spread out as ``param_*``)."""
-    from prefixcache.experiments.cli import DEFAULTS
+    from prefixcache.experiments.run_config import DEFAULTS
 
     return [k for k in DEFAULTS if k not in ("seed", "params")]
 

@@ -1,9 +1,10 @@
 """prefixcache: vLLM's chained-hash blocks and SGLang's radix tree behind one interface."""
 
+from prefixcache.capabilities import eviction_policies
 from prefixcache.config import CacheConfig
 from prefixcache.cost_model import CostModel
 from prefixcache.engine import Engine
-from prefixcache.eviction import eviction_policies, load_policy_spec, register_policy
+from prefixcache.eviction import load_policy_spec, register_policy
 from prefixcache.interface import (
     CacheStats,
     InvariantError,

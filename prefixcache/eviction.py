@@ -16,7 +16,8 @@ carry the same fields:
     ghost_hit         its content was in a ghost when it was cached (arc, s3fifo)
     policy_state      what a learning policy keeps on it (wa), None until then
 
-``make_policy`` builds one by name; ``eviction_policies`` lists the names a backend accepts.
+``make_policy`` builds one by name; ``prefixcache.capabilities.eviction_policies`` lists the
+names a backend accepts over a layout.
 A new policy is one small class with ``priority(entry)``; a user's own is added with
 ``register_policy(name, cls)`` or named by where it lives, ``"package.module:Class"``
 (``load_policy_spec``), without editing this file. A *segmented* policy (arc, s3fifo,
@@ -505,16 +506,12 @@ POLICIES: dict[str, type] = {
     "tlru": TailOptimizedLRU,
     "wa": WorkloadAware,
 }
-# Backends that take ``eviction_policy``: both accept every name above and the capacity
-# policies, and ``lrp``, which learns from each request's lookup (the dense radix cache only:
-# SGLang's hybrid and HiCache trees do not feed it).
-BACKENDS_WITH_POLICIES = ("hashchain", "radix")
+# Which backend and layout take which of these: prefixcache/capabilities.py.
 CAPACITY_POLICIES: dict[str, type] = {"arc": ARC, "s3fifo": S3FIFO, "lrp": LearnedReuse}
 LOOKUP_POLICIES = ("lrp",)  # need each request's lookup: hashchain, dense radix, the block model
 # hashchain's "lru" is vLLM's free queue; "leaf-lru" ranks its free cached leaf blocks by LRU,
 # SGLang's order over blocks (radix's own "lru" already is): an ablation of eviction order.
 LEAF_LRU = "leaf-lru"
-_EXTRA = {"hashchain": (*CAPACITY_POLICIES, LEAF_LRU), "radix": tuple(CAPACITY_POLICIES)}
 # A user's own policies (register_policy), by lower-case name; built-in names stay fixed.
 USER_POLICIES: dict[str, type] = {}
 _HOOKS = ("evicted_key", "admit", "forget", "choose")  # optional; called when present
@@ -542,17 +539,6 @@ def make_policy(name: str, capacity: int | None = None, lookups: bool = True) ->
         raise ValueError(f"unknown eviction policy {name!r}; valid: {valid}, "
                          "or a class as 'package.module:Class'")
     return cls()  # type: ignore[no-any-return]
-
-
-def eviction_policies(backend: str) -> list[str]:
-    """The ``eviction_policy`` names ``make_cache(backend, ...)`` accepts (ValueError for a
-    backend that takes none): the built-in ones, then those registered."""
-    if backend not in BACKENDS_WITH_POLICIES:
-        raise ValueError(
-            f"backend {backend!r} takes no eviction_policy; "
-            f"those that do: {', '.join(BACKENDS_WITH_POLICIES)}"
-        )
-    return [*POLICIES, *_EXTRA[backend], *USER_POLICIES]
 
 
 def register_policy(name: str, cls: type, *, replace: bool = False) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from prefixcache import capabilities
 from prefixcache.config import CacheConfig
 from prefixcache.interface import PrefixCache
 
@@ -55,9 +56,12 @@ def available_backends() -> list[str]:
 
 
 def make_cache(name: str, config: CacheConfig, **options: Any) -> PrefixCache:
-    """Build backend ``name`` over ``config``; ``options`` are the backend's own keywords."""
+    """Build backend ``name`` over ``config``; ``options`` are the backend's own keywords. A
+    mix of layout, host tier and options the capability table refuses is a ValueError saying
+    what that mix takes (prefixcache/capabilities.py)."""
     try:
         target = _BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; valid: {', '.join(available_backends())}") from None
+    capabilities.check(name, config, options)
     return _load(target)(config, **options)  # type: ignore[no-any-return]

@@ -17,6 +17,12 @@ looking the same request up again for the same decision (SGLang's ``prefix_compu
   no backend internals and gives the same branching; ties between equally heavy children go
   to the one whose first request is earlier in the queue (SGLang: tree insertion order).
 
+An *offline order* sees the whole request set before the run and fixes the queue once, which
+the engine then serves FCFS (it keeps insertion order among equal arrivals): not a policy an
+engine can run, but a bound to compare the online ones against, named beside them.
+
+- ``dfs-offline``: depth-first over the token trie of every request, heavier subtrees first
+  (the offline order of SGLang's Theorem 3.1, the scheduling study's optimum).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, NamedTuple
+
+import numpy as np
 
 from prefixcache.interface import Match
 from prefixcache.request import Request
@@ -174,3 +182,72 @@ def make_scheduler(name: str) -> Scheduler:
         return SCHEDULERS[name]()
     except KeyError:
         raise ValueError(f"unknown scheduler {name!r}; valid: {', '.join(available_schedulers())}") from None
+
+
+# ------------------------------------------------------------------------------ offline orders
+def dfs_weight_order(reqs: Sequence[Request]) -> list[Request]:
+    """The offline order of SGLang's Theorem 3.1, the scheduling study's optimum: depth-first
+    over the token trie of ``reqs``; a request ending at a node goes before the node's children,
+    and at each branch the child holding more requests goes first (ties: the one whose earliest
+    request is earlier in the queue)."""
+    # Sorting the sequences makes every trie subtree a contiguous run; adjacent common-prefix
+    # lengths (lcp[i] between items i-1 and i) then give the branch depths.
+    keyed = sorted(range(len(reqs)), key=lambda i: (reqs[i].namespace, tuple(reqs[i].all_token_ids)))
+    seqs = [np.asarray(reqs[i].all_token_ids, dtype=np.int64) for i in keyed]
+    lcp = [0] * len(keyed)
+    for i in range(1, len(keyed)):
+        if reqs[keyed[i]].namespace == reqs[keyed[i - 1]].namespace:
+            lcp[i] = _common_prefix(seqs[i - 1], seqs[i])
+        else:
+            lcp[i] = -1  # different namespaces split at the root
+
+    out: list[int] = []
+    stack = [(0, len(keyed))]  # subtrees [lo, hi) still to visit; explicit, as chains run deep
+    while stack:
+        lo, hi = stack.pop()
+        if hi - lo == 1:
+            out.append(keyed[lo])
+            continue
+        depth = min(lcp[lo + 1 : hi])
+        runs: list[tuple[int, int]] = []
+        start = lo
+        for i in range(lo + 1, hi):
+            if lcp[i] == depth:
+                runs.append((start, i))
+                start = i
+        runs.append((start, hi))
+        # A request that ends at this node computes the prefix its subtree shares: it goes first
+        # (a chat turn before the turns that extend it); then the heavier child.
+        runs.sort(key=lambda run: (len(seqs[run[0]]) != depth, -(run[1] - run[0]),
+                                   min(keyed[run[0] : run[1]])))
+        stack.extend(reversed(runs))  # heaviest child popped first
+    return [reqs[i] for i in out]
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+OFFLINE_ORDERS: dict[str, Callable[[Sequence[Request]], list[Request]]] = {"dfs-offline": dfs_weight_order}
+
+
+def scheduler_names() -> list[str]:
+    """What a run may name as its scheduler: the online schedulers, then the offline orders."""
+    return [*available_schedulers(), *OFFLINE_ORDERS]
+
+
+def check_scheduler(name: object) -> None:
+    """ValueError listing ``scheduler_names()`` unless ``name`` is one of them."""
+    if name not in SCHEDULERS and name not in OFFLINE_ORDERS:
+        raise ValueError(f"unknown scheduler {name!r}; valid: {', '.join(scheduler_names())}")
+
+
+def order_for(reqs: Sequence[Request], name: str) -> tuple[Sequence[Request], str]:
+    """The queue and the online scheduler that run ``name``: an offline order sorts the whole
+    queue once (every request up front) and is served FCFS; an online scheduler leaves the
+    queue as it is."""
+    if name in OFFLINE_ORDERS:
+        return OFFLINE_ORDERS[name](list(reqs)), "fcfs"
+    return reqs, name

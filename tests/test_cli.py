@@ -241,7 +241,7 @@ def test_a_trace_run_records_the_trace_not_a_workload(tmp_path) -> None:
 
 def test_sweep_writes_one_tidy_table_and_advances_per_finished_cell(tmp_path, monkeypatch, capsys) -> None:
     import tqdm.auto
-    from prefixcache.experiments import cli
+    from prefixcache.experiments import runs
 
     events: list[str] = []
 
@@ -256,9 +256,9 @@ def test_sweep_writes_one_tidy_table_and_advances_per_finished_cell(tmp_path, mo
                 events.append("bar")
             return super().update(n)
 
-    real = cli.simulate
+    real = runs.simulate
     monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
-    monkeypatch.setattr(cli, "simulate", lambda *a, **k: events.append("cell") or real(*a, **k))
+    monkeypatch.setattr(runs, "simulate", lambda *a, **k: events.append("cell") or real(*a, **k))
     grid = '[grid]\nscheduler = ["fcfs", "lpm"]\nbackend = ["none", "radix"]\n[fixed]\ncapacity_tokens = 4096'
     assert _sweep(tmp_path, grid) == 0
     out = tmp_path / "res"
@@ -282,8 +282,9 @@ def test_help_lists_choices_and_defaults(capsys) -> None:
 
 
 def test_the_offline_dfs_order_runs_under_the_papers_name(tmp_path) -> None:
-    from prefixcache.experiments.analysis.bounds import dfs_weight_order
     from prefixcache.experiments.inputs.workloads import make_workload
+
+    from prefixcache.scheduler import dfs_weight_order
 
     args = ["run", "--workload", "generated-shared-prefix", "--param", "shuffle=true", "--backend", "radix",
             "--scheduler", "dfs-offline", "--out", str(tmp_path)]

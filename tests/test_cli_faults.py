@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from prefixcache.experiments import cli
+from prefixcache.experiments import run_config, run_store, runs
 from prefixcache.experiments.cli import main
 from prefixcache.experiments.inputs.traces import TraceRecord, write_mooncake
 
@@ -41,7 +41,7 @@ def read_config(folder: Path) -> dict:
 
 
 def run_name(cfg: dict) -> str:
-    return cli.run_name(cfg)
+    return run_store.run_name(cfg)
 
 
 def _trace(path: Path, lengths: list[int], *, first_id: int = 0) -> Path:
@@ -64,7 +64,7 @@ def _folders(out: Path) -> list[Path]:
 
 def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that gets as far as simulating fails the test: the error had to come first."""
-    monkeypatch.setattr(cli, "simulate", lambda *a, **k: pytest.fail("simulated before the error"))
+    monkeypatch.setattr(runs, "simulate", lambda *a, **k: pytest.fail("simulated before the error"))
 
 
 GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}'
@@ -95,7 +95,8 @@ ERRORS = [
     ("unknown backend", lambda t: [*CHAT, "--backend", "vllm"], "valid: hashchain, none, radix"),
     ("unknown scheduler", lambda t: [*CHAT, "--scheduler", "sjf"], "valid: "),
     ("unknown workload", lambda t: ["run", "--workload", "chatty"], "few-shot"),
-    ("unknown eviction policy", lambda t: [*CHAT, "--eviction-policy", "belady"], "valid: lru"),
+    ("unknown eviction policy", lambda t: [*CHAT, "--eviction-policy", "belady"],
+     "takes: eviction_policy: lru"),
     ("eviction policy for none", lambda t: [*CHAT, "--backend", "none", "--eviction-policy", "lru"],
      "takes no eviction policy"),
     ("unknown layout", lambda t: [*CHAT, "--layout", "llama-like"], "presets: dense"),
@@ -273,7 +274,7 @@ def test_the_printed_example_is_a_valid_sweep(capsys) -> None:
     text = capsys.readouterr().out
     from prefixcache.experiments.sweep_file import _cells
 
-    cells = _cells(tomllib.loads(text), cli.full_config)
+    cells = _cells(tomllib.loads(text), run_config.full_config)
     assert len(cells) == 12 and {c["backend"] for c in cells} == {"hashchain", "radix"}
     assert "#" in text  # commented
 
@@ -332,7 +333,7 @@ def test_sigint_mid_run_writes_nothing_and_a_rerun_runs_it(tmp_path) -> None:
                          lambda: out.exists())
     assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
     assert list(out.iterdir()) == []  # neither a folder nor a temporary one
-    cfg = cli.full_config({"params": {"conversations": 6000, "turns": 4}, "backend": "radix"})
+    cfg = run_config.full_config({"params": {"conversations": 6000, "turns": 4}, "backend": "radix"})
     assert finished_summary(out / run_name(cfg), cfg) is None
 
 
@@ -346,7 +347,7 @@ def test_sigint_mid_sweep_keeps_finished_cells_and_resumes(tmp_path) -> None:
     assert rc == 130 and "interrupted" in err, err
     from prefixcache.experiments.sweep_file import read_sweep
 
-    cells = read_sweep(grid, cli.full_config)
+    cells = read_sweep(grid, run_config.full_config)
     done = [c for c in cells if finished_summary(out / run_name(c), c) is not None]
     assert [c["seed"] for c in done] == [0]
     assert [f.name for f in _folders(out)] == [run_name(cells[0])]

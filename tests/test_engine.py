@@ -8,7 +8,6 @@ from dataclasses import fields
 from typing import Any
 
 import pytest
-from prefixcache.experiments.analysis.bounds import dfs_weight_order
 from prefixcache.experiments.inputs.workloads import available_workloads, make_workload
 
 from prefixcache import (
@@ -22,7 +21,7 @@ from prefixcache import (
 )
 from prefixcache.cost_model import Clock, CostModel, named_clock
 from prefixcache.engine import Engine
-from prefixcache.scheduler import available_schedulers, make_scheduler
+from prefixcache.scheduler import available_schedulers, dfs_weight_order, make_scheduler
 from prefixcache.synthesis import simulated_tokens
 from tests.helpers import tokens
 

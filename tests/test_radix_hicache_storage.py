@@ -345,12 +345,10 @@ def test_engine_runs_with_l3_and_the_default_timeout_policy() -> None:
 # backed-up prefixes out of L2, so they come back from L3. After every step the machine's
 # invariants hold: check_invariants (device and host pages add up, prefetch buffers
 # included), every live request reads its own KV, every tree copy holds its prefix's KV.
-import os  # noqa: E402
 
-from hypothesis import settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.stateful import initialize, multiple, precondition, rule  # noqa: E402
+from hypothesis.stateful import multiple, precondition, rule  # noqa: E402
 
+from tests.stateful_rules import machine_tests, suffixes  # noqa: E402
 from tests.test_stateful_hicache import HiCacheLifecycle  # noqa: E402
 
 PREFETCHED: dict[str, int] = {}  # the most tokens one run prefetched from L3, per machine
@@ -361,24 +359,13 @@ PENDING: dict[str, int] = {}  # admissions held back by a prefetch in flight
 RAN: set[str] = set()
 
 
-def _storage_settings() -> settings:
-    if os.environ.get("HYPOTHESIS_PROFILE") == "thorough":
-        return settings(max_examples=300, stateful_step_count=100)
-    return settings(max_examples=25, stateful_step_count=50, derandomize=True)
-
-
 class StorageLifecycle(HiCacheLifecycle):
     host_tokens: int | None = None  # ratio 2.0: room for backups, so L3 gets written
     policy = "wait_complete"
     step_time_s: float | None = None
 
-    @initialize(seed=st.integers(0, 2**16))
-    def setup(self, seed: int) -> None:
-        import random
-        import warnings
-
-        self.rng = random.Random(seed)
-        tier = HostTierConfig(
+    def host_tier(self) -> HostTierConfig:
+        return HostTierConfig(
             write_policy=self.write_policy,
             capacity_tokens=self.host_tokens,
             load_back_threshold=2,
@@ -388,21 +375,10 @@ class StorageLifecycle(HiCacheLifecycle):
             storage_pages_per_step=2,
             step_time_s=self.step_time_s,
         )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.cache = make_cache(
-                "radix",
-                CacheConfig(self.capacity_tokens, self.page_size),
-                host_tier=tier,
-                clock=itertools.count().__next__,
-            )
-        self.device: dict[int, tuple] = {}
-        self.host: dict[int, tuple] = {}
+
+    def start(self) -> None:
         self.l3: dict[bytes, tuple] = {}
-        self._watch()
-        self.live_reqs: dict[str, Request] = {}
-        self.corpus: list[tuple[int, ...]] = []
-        self.counter = 0
+        super().start()
 
     def _watch(self) -> None:
         super()._watch()
@@ -445,17 +421,13 @@ class StorageLifecycle(HiCacheLifecycle):
         self.cache.hitree.evict_host(10**6)
 
     @precondition(lambda self: self.corpus)
-    @rule(target=HiCacheLifecycle.waiting, suffix=st.lists(st.integers(0, 2), min_size=1, max_size=3))
+    @rule(target=HiCacheLifecycle.waiting, suffix=suffixes(3))
     def come_back_cold(self, suffix: list[int]):  # type: ignore[no-untyped-def]
         """The running requests finish, both tiers are emptied, an earlier conversation
         returns: an L1 + L2 miss, served from L3 if its pages were written there."""
-        for rid in sorted(self.live_reqs):
-            req = self.live_reqs.pop(rid)
-            self.cache.release(req)
-            self.corpus.append(tuple(req.all_token_ids))
+        self._finish_all()
         self.host_pressure()
-        self.counter += 1
-        req = Request(f"r{self.counter}", self.rng.choice(self.corpus) + tuple(suffix))
+        req = self._returning(suffix)
         self.cache.enqueue(req)  # queued first, as a loaded scheduler would; admitted later
         for _ in range(self.rng.randrange(5)):
             self.scheduler_step()
@@ -491,18 +463,10 @@ class TimeoutTightHost(StorageLifecycle):
     step_time_s = 0.5  # 1 s + a little: stopped 3 steps after the first blocked poll
 
 
-TestStorageWaitComplete = StorageLifecycle.TestCase
-TestStorageWaitCompletePage4 = WaitCompletePage4.TestCase
-TestStorageBestEffort = BestEffort.TestCase
-TestStorageTimeoutTightHost = TimeoutTightHost.TestCase
-for _case in (
-    TestStorageWaitComplete,
-    TestStorageWaitCompletePage4,
-    TestStorageBestEffort,
-    TestStorageTimeoutTightHost,
-):
-    _case.settings = _storage_settings()
-del _case
+STORAGE_MACHINES = (StorageLifecycle, WaitCompletePage4, BestEffort, TimeoutTightHost)
+TestStorageWaitComplete, TestStorageWaitCompletePage4, TestStorageBestEffort, TestStorageTimeoutTightHost = (
+    machine_tests(*STORAGE_MACHINES, runs=25, steps=50, thorough_runs=300)
+)
 
 
 def test_the_storage_machines_prefetched_from_l3() -> None:

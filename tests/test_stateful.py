@@ -1,48 +1,35 @@
-"""Lifecycle hunting through the common interface, with a shadow KV model.
-
-Many requests interleave lookup / allocate (failures included) / compute+commit / decode /
-release / preemption / evict / reset. The shadow model records, for every physical KV slot,
-which token prefix's KV was last written into it (KV at position p depends on the namespace and
-tokens 0..p). After every step:
-
-* ``check_invariants()`` holds;
-* every live request's computed positions still hold its own KV (pinned pages are never
-  evicted, reused or overwritten);
-* every hit hands back slots holding exactly the request's own prefix: no data lost or corrupted,
-  also when the match was taken many steps before the allocate that consumes it (evictions,
-  resets and other requests' admissions in between: the match is revalidated, never trusted).
+"""Lifecycle hunting through the common interface, every backend (tests/stateful_lifecycle.py:
+the shadow KV model and the rules every design shares), plus what only the common interface
+offers: decode batches (``allocate_batch``) and decode stretches (``advance_in_place``), and a
+caller that planned a stale match's chunk from the hit it was told.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import random
+from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
     consumes,
-    initialize,
-    invariant,
     multiple,
     precondition,
     rule,
     run_state_machine_as_test,
 )
 
-from prefixcache import CacheConfig, Match, PrefixCache, Request, available_backends, eviction, make_cache
-from prefixcache.eviction import eviction_policies
-from tests.strategies import NAMESPACES
+from prefixcache import CacheConfig, Match, PrefixCache, Request, available_backends, make_cache
+from prefixcache.capabilities import BACKENDS_WITH_POLICIES, eviction_policies
+from tests.stateful_lifecycle import Lifecycle, ShadowKV
+from tests.stateful_rules import VOCAB
 
-VOCAB = 3
-STEPS: dict[str, int] = {}  # steps run per backend, reported at the end of the session
-STRETCHES: dict[str, int] = {}  # decode stretches taken per backend (the rule is not vacuous)
-BATCHES: dict[str, int] = {}  # decode batches of 2+ requests with a page taken (not vacuous)
+# per backend: steps run, decode stretches taken and decode batches of 2+ requests with a page
+# taken (the rules are not vacuous), reported at the end of the session
+SEEN: defaultdict[str, Counter[str]] = defaultdict(Counter)
 
 
 def full_state(cache: PrefixCache) -> tuple:
@@ -75,103 +62,28 @@ def one_by_one(cache: PrefixCache, reqs: list[Request]) -> tuple[PrefixCache, in
     return twin, done, evicted
 
 
-class ShadowKV:
-    def __init__(self, page_size: int) -> None:
-        self.page_size = page_size
-        self.slots: dict[int, tuple] = {}
-
-    @staticmethod
-    def content(req: Request, pos: int) -> tuple:
-        return (req.cache_salt, req.lora_name, tuple(req.all_token_ids[: pos + 1]))
-
-    def slot(self, table: list[int], pos: int) -> int:
-        return table[pos // self.page_size] * self.page_size + pos % self.page_size
-
-    def write(self, cache: PrefixCache, req: Request, start: int, stop: int) -> None:
-        table = cache.page_table(req)
-        for pos in range(start, stop):
-            self.slots[self.slot(table, pos)] = self.content(req, pos)
-
-    def check(self, cache: PrefixCache, req: Request, stop: int, what: str) -> None:
-        table = cache.page_table(req)
-        assert 0 not in table, f"{req.request_id}: page 0 handed out"
-        for pos in range(stop):
-            got = self.slots.get(self.slot(table, pos))
-            assert got == self.content(req, pos), (
-                f"{what}: {req.request_id} position {pos} reads KV of {got}, expected its own prefix"
-            )
-
-
-class CacheLifecycle(RuleBasedStateMachine):
+class CacheLifecycle(Lifecycle):
     backend = "none"
-    page_size = 4
     capacity_pages = 12
     options: dict = {}
+    SEEN = SEEN
 
-    waiting = Bundle("waiting")
-    matched = Bundle("matched")  # (a waiting request, the match taken for it back then)
-
-    @initialize(seed=st.integers(0, 2**16))
-    def setup(self, seed: int) -> None:
-        self.rng = random.Random(seed)
+    def start(self) -> None:
         config = CacheConfig(self.capacity_pages * self.page_size, self.page_size)
         self.cache = make_cache(self.backend, config, **self.options)
-        self.shadow = ShadowKV(self.page_size)
-        self.live_reqs: dict[str, Request] = {}
-        self.corpus: list[tuple[int, ...]] = []
-        self.counter = 0
+        self.shadows = [ShadowKV(self.page_size)]
 
-    def _snapshot(self) -> tuple:
-        c = self.cache
-        return (
-            c.usage(),
-            {r.request_id: (tuple(c.page_table(r)), r.num_computed_tokens) for r in c.live_requests},
-            (c.stats.requests, c.stats.queries, c.stats.hits),
-        )
+    def more_state(self) -> tuple:
+        return (self.cache.stats.requests, self.cache.stats.queries, self.cache.stats.hits)
 
-    def _compute(self, req: Request, n: int) -> None:
-        """The model writes the KV of the next n tokens; the engine advances and commits."""
-        self.shadow.write(self.cache, req, req.num_computed_tokens, req.num_computed_tokens + n)
-        req.num_computed_tokens += n
-        self.cache.commit(req)
+    reset = rule()(Lifecycle.reset)
 
-    @rule(
-        target=waiting,
-        share=st.integers(0, 24),
-        suffix=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),
-        ns=st.sampled_from(NAMESPACES),
-    )
-    def new_request(self, share: int, suffix: list[int], ns: tuple) -> Request:
-        base = self.rng.choice(self.corpus) if self.corpus else ()
-        tokens = base[:share] + tuple(suffix)
-        self.corpus.append(tokens)
-        self.counter += 1
-        return Request(f"r{self.counter}", tokens, cache_salt=ns[0], lora_name=ns[1])
-
-    @rule(target=waiting, req=consumes(waiting), chunk=st.integers(1, 64))
+    @rule(target=Lifecycle.waiting, req=consumes(Lifecycle.waiting), chunk=st.integers(1, 64))
     def admit(self, req: Request, chunk: int):  # -> what goes back to the waiting queue
-        match = self.cache.lookup(req)
-        hit = match.tokens
-        assert 0 <= hit <= req.num_tokens - 1
-        n = min(chunk, req.num_tokens - hit)
-        if -(-(hit + n) // self.page_size) > self.capacity_pages - 1:
-            return multiple()  # can never fit: dropped (the contract tests check its ValueError)
-        before = self._snapshot()
-        if not self.cache.allocate(req, n, match):
-            assert self._snapshot() == before, "a failed allocate changed the cache"
-            assert not self.cache.is_live(req)
-            return multiple(req)  # stays waiting
-        assert req.num_computed_tokens == hit
-        self.shadow.check(self.cache, req, hit, "hit")
-        self._compute(req, n)
-        self.live_reqs[req.request_id] = req
-        return multiple()
+        return self._admit(req, self.cache.lookup(req), chunk, "hit")
 
-    @rule(target=matched, req=consumes(waiting))
-    def look_up(self, req: Request):  # -> the request waits on with its match
-        return multiple((req, self.cache.lookup(req)))
-
-    @rule(target=waiting, item=consumes(matched), chunk=st.integers(1, 64), as_told=st.booleans())
+    @rule(target=Lifecycle.waiting, item=consumes(Lifecycle.matched), chunk=st.integers(1, 64),
+          as_told=st.booleans())
     def admit_with_match(self, item: tuple, chunk: int, as_told: bool):  # -> back to waiting
         """Admit with a match taken rules ago: whatever changed since, the pages it pins hold
         exactly the request's own prefix. The chunk counts from the hit that holds, or from
@@ -185,8 +97,8 @@ class CacheLifecycle(RuleBasedStateMachine):
         told = match.tokens if as_told else current.tokens
         return self._admit_stale(req, match, current.tokens, min(chunk, req.num_tokens - told))
 
-    @rule(target=waiting, req=consumes(waiting), chunk=st.integers(1, 64), whole=st.booleans(),
-          evict=st.integers(1, 64))
+    @rule(target=Lifecycle.waiting, req=consumes(Lifecycle.waiting), chunk=st.integers(1, 64),
+          whole=st.booleans(), evict=st.integers(1, 64))
     def admit_after_eviction(self, req: Request, chunk: int, whole: bool, evict: int):
         """README's sequence with other activity in between: a lookup, an eviction that may
         take the matched pages, then ``allocate`` with the stale match for the rest of the
@@ -204,47 +116,27 @@ class CacheLifecycle(RuleBasedStateMachine):
         is refused at commit, never left short silently. Or False, nothing changed."""
         told, num_tokens = match.tokens, req.num_tokens
         room = min(hit + n, num_tokens)
-        if -(-room // self.page_size) > self.capacity_pages - 1:
+        if not self.fits(room):
             return multiple()  # can never fit
-        before = self._snapshot()
-        if not self.cache.allocate(req, n, match):
-            assert self._snapshot() == before, "a failed allocate changed the cache"
-            assert not self.cache.is_live(req)
+        if not self._allocate(req, n, match):
             return multiple(req)
         assert req.num_computed_tokens == hit
         assert self.cache.reserved_tokens(req) == room, (
             f"{req.request_id}: room for {self.cache.reserved_tokens(req)} tokens, expected {room} "
             f"({n} new from the hit {hit} that holds; told {told})"
         )
-        self.shadow.check(self.cache, req, hit, "hit of a stale match")
+        self._check(req, hit, "hit of a stale match")
         planned = min(told + n, num_tokens)  # where a caller that planned from the told hit stops
         if planned > room:
             req.num_computed_tokens = planned
-            state = self._snapshot()
+            state = self.snapshot()
             with pytest.raises(ValueError, match="beyond .* allocated to it"):
                 self.cache.commit(req)
-            assert self._snapshot() == state, "a refused commit changed the cache"
+            assert self.snapshot() == state, "a refused commit changed the cache"
             req.num_computed_tokens = hit
         self._compute(req, room - hit)
         self.live_reqs[req.request_id] = req
         return multiple()
-
-    @precondition(lambda self: self.live_reqs)
-    @rule(data=st.data(), chunk=st.integers(1, 16))
-    def step(self, data: st.DataObject, chunk: int) -> None:
-        """Next prefill chunk, or one decode token once the prompt is done."""
-        req = self.live_reqs[data.draw(st.sampled_from(sorted(self.live_reqs)))]
-        if req.num_computed_tokens == req.num_tokens:
-            req.append_output_token_ids(self.rng.randrange(VOCAB))
-            chunk = 1
-        n = min(chunk, req.num_tokens - req.num_computed_tokens)
-        if -(-(req.num_computed_tokens + n) // self.page_size) > self.capacity_pages - 1:
-            return
-        before = self._snapshot()
-        if self.cache.allocate(req, n):
-            self._compute(req, n)
-        else:
-            assert self._snapshot() == before, "a failed extend changed the cache"
 
     @precondition(lambda self: self._decoding())
     @rule(data=st.data())
@@ -267,9 +159,9 @@ class CacheLifecycle(RuleBasedStateMachine):
         done = reqs[: result.done]
         opened = sum(len(self.cache.page_table(r)) - n for r, n in zip(done, pages_before, strict=False))
         if len(done) > 1 and opened:  # several requests, and a step that took a page
-            BATCHES[self.backend] = BATCHES.get(self.backend, 0) + 1
+            self.count("batches")
         for req in done:
-            self.shadow.write(self.cache, req, req.num_computed_tokens, req.num_computed_tokens + 1)
+            self._write(req, req.num_computed_tokens, req.num_computed_tokens + 1)
             req.num_computed_tokens += 1
         self.cache.commit_batch(done)
 
@@ -285,20 +177,20 @@ class CacheLifecycle(RuleBasedStateMachine):
         req = self.live_reqs[data.draw(st.sampled_from(self._decoding()))]
         room, allowed = self.cache.decode_room(req), self.cache.decode_steps_in_place(req)
         if steps > room:
-            before = self._snapshot()
+            before = self.snapshot()
             with pytest.raises(ValueError, match="change nothing"):
                 self.cache.advance_in_place(req, steps)
-            assert self._snapshot() == before, "a refused advance_in_place changed the cache"
+            assert self.snapshot() == before, "a refused advance_in_place changed the cache"
         steps = min(steps, allowed)  # (steps within the room are the caller's to vouch for)
         if steps == 0:
             return
-        STRETCHES[self.backend] = STRETCHES.get(self.backend, 0) + 1
+        self.count("stretches")
         usage, version = self.cache.usage(), self.cache._index_version()
         start = req.num_computed_tokens
         for _ in range(steps):  # the tokens whose KV the stretch computes must exist first
             req.append_output_token_ids(self.rng.randrange(VOCAB))
         self.cache.advance_in_place(req, steps)
-        self.shadow.write(self.cache, req, start, start + steps)
+        self._write(req, start, start + steps)
         req.num_computed_tokens += steps
         self.cache.commit(req)
         assert self.cache.usage() == usage and self.cache._index_version() == version
@@ -310,49 +202,9 @@ class CacheLifecycle(RuleBasedStateMachine):
             full = req.num_computed_tokens // p * p
             assert self.cache.lookup(twin).tokens >= full, "a block filled in the stretch is not cached"
 
-    @precondition(lambda self: self.live_reqs)
-    @rule(target=waiting, data=st.data(), preempt=st.booleans())
-    def release(self, data: st.DataObject, preempt: bool):  # -> a preempted request waits again
-        req = self.live_reqs.pop(data.draw(st.sampled_from(sorted(self.live_reqs))))
-        self.cache.release(req)
-        assert not self.cache.is_live(req)
-        self.corpus.append(tuple(req.all_token_ids))
-        if not preempt:
-            return multiple()
-        # The engine's part of a preemption: recompute later (mostly hitting its own KV).
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        return multiple(req)
-
-    @rule(num_tokens=st.integers(0, 64))
-    def evict(self, num_tokens: int) -> None:
-        in_use = self.cache.usage().in_use
-        freed = self.cache.evict(num_tokens)
-        assert freed >= 0
-        assert self.cache.usage().in_use == in_use, "evict touched pinned pages"
-
-    @rule()
-    def reset(self) -> None:
-        before = self._snapshot()
-        if self.cache.reset():
-            assert not self.live_reqs
-            assert self.cache.usage().evictable == 0
-        else:
-            assert self.live_reqs and self._snapshot() == before
-
-    @invariant()
-    def consistent(self) -> None:
-        if not hasattr(self, "cache"):
-            return
-        STEPS[self.backend] = STEPS.get(self.backend, 0) + 1
-        self.cache.check_invariants()
-        for req in self.live_reqs.values():
-            assert self.cache.is_live(req)
-            self.shadow.check(self.cache, req, req.num_computed_tokens, "live request")
-
 
 def machine_for(backend: str, page_size: int, **options: object) -> type[CacheLifecycle]:
-    attrs = {"backend": backend, "page_size": page_size, "options": options}
+    attrs = {"backend": backend, "name": backend, "page_size": page_size, "options": options}
     suffix = "".join(f"_{v}" for v in options.values())
     return type(f"Lifecycle_{backend}_p{page_size}{suffix}", (CacheLifecycle,), attrs)
 
@@ -362,22 +214,20 @@ CASES = [(b, p) for b in available_backends() for p in ((1, 4) if b == "radix" e
 
 @pytest.mark.parametrize("backend, page_size", CASES)
 def test_lifecycle_keeps_invariants_and_never_corrupts_kv(backend: str, page_size: int) -> None:
-    STEPS.pop(backend, None)
-    STRETCHES.pop(backend, None)
-    BATCHES.pop(backend, None)
+    SEEN.pop(backend, None)
     machine = machine_for(backend, page_size)
     run_state_machine_as_test(machine)
-    if backend != "none" and page_size > 1 and not BATCHES.get(backend):
+    if backend != "none" and page_size > 1 and not SEEN[backend]["batches"]:
         # The first examples' paths depend on process state (one test order in CI gave no
         # batch that opened a page): the same derandomized run, four times as long.
         run_state_machine_as_test(machine, settings=settings(max_examples=4 * settings().max_examples))
     if backend != "none" and page_size > 1:  # page size 1 takes a page every decode step
-        assert STRETCHES.get(backend, 0) > 0, "no decode stretch was taken: the rule proved nothing"
+        assert SEEN[backend]["stretches"] > 0, "no decode stretch was taken: the rule proved nothing"
         # (in 12 one-token pages two requests rarely decode at once: test_allocate_batch.py
         # drives batches at page size 1 and in the no-cache backend)
-        assert BATCHES.get(backend, 0) > 0, "no decode batch took a page: the batch rule proved nothing"
-    print(f"stateful steps run: backend={backend} page_size={page_size} steps={STEPS.get(backend, 0)} "
-          f"batches={BATCHES.get(backend, 0)}")
+        assert SEEN[backend]["batches"] > 0, "no decode batch took a page: the batch rule proved nothing"
+    print(f"stateful steps run: backend={backend} page_size={page_size} steps={SEEN[backend]['steps']} "
+          f"batches={SEEN[backend]['batches']}")
 
 
 # Every eviction policy of both designs (lru, the default, runs above): each must keep every
@@ -385,7 +235,7 @@ def test_lifecycle_keeps_invariants_and_never_corrupts_kv(backend: str, page_siz
 # the machine with a non-default policy).
 POLICY_CASES = [
     (b, p, policy)
-    for b in eviction.BACKENDS_WITH_POLICIES
+    for b in BACKENDS_WITH_POLICIES
     for p in ((1, 4) if b == "radix" else (4,))
     for policy in eviction_policies(b)
     if policy != "lru"
@@ -394,9 +244,9 @@ POLICY_CASES = [
 
 @pytest.mark.parametrize("backend, page_size, policy", POLICY_CASES)
 def test_lifecycle_under_every_eviction_policy(backend: str, page_size: int, policy: str) -> None:
-    STEPS.pop(backend, None)
+    SEEN.pop(backend, None)
     machine_for(backend, page_size, eviction_policy=policy).TestCase().runTest()
-    assert STEPS.get(backend, 0) > 0
+    assert SEEN[backend]["steps"] > 0
 
 
 # The decomposition study's ablation switches (each one design taking one behaviour of the
@@ -412,6 +262,6 @@ SWITCH_CASES = [
 
 @pytest.mark.parametrize("backend, page_size, options", SWITCH_CASES)
 def test_lifecycle_with_each_ablation_switch(backend: str, page_size: int, options: dict[str, Any]) -> None:
-    STEPS.pop(backend, None)
+    SEEN.pop(backend, None)
     machine_for(backend, page_size, **options).TestCase().runTest()
-    assert STEPS.get(backend, 0) > 0
+    assert SEEN[backend]["steps"] > 0

@@ -31,39 +31,51 @@ Issue 33's interleavings, as vLLM 0.33's scheduler makes them:
 
 from __future__ import annotations
 
-import random
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import consumes, initialize, invariant, multiple, precondition, rule
+from hypothesis.stateful import consumes, multiple, precondition, rule
 
-from prefixcache import CacheConfig, Request, make_cache
+from prefixcache import CacheConfig, Match, Request, make_cache
 from prefixcache.tiers import HostTierConfig
-from tests.stateful_admission import AdmissionRules
+from tests.stateful_lifecycle import HostTierLifecycle, Lifecycle, ShadowKV
+from tests.stateful_rules import VOCAB, new_request_rule
 from tests.stateful_tier_loads import Loading, TierLoadEvents
 from tests.strategies import NAMESPACES
-from tests.test_stateful import VOCAB, ShadowKV
 
 SEEN: defaultdict[str, Counter[str]] = defaultdict(Counter)  # per machine: what its runs exercised
 
 
-class OffloadLifecycle(AdmissionRules, TierLoadEvents):
+@dataclass(slots=True)
+class Admission:
+    """How the admission in progress goes on: ``waits``, a host hit loaded asynchronously (only
+    loaded now, its first chunk computed once the load is acknowledged), with
+    ``reserves_chunk`` the chunk reserved at admission too."""
+
+    waits: bool = False
+    reserves_chunk: bool = False
+
+
+class OffloadLifecycle(HostTierLifecycle, TierLoadEvents):
     page_size = 4
     capacity_pages = 14
-    chunk = 8  # two GPU blocks per chunk
+    chunk_tokens = 8  # two GPU blocks per host chunk
     host_chunks = 6
     policy = "lru"
     ack_delay = 0
     name = "lru"
+    max_prompt = 44
+    SEEN = SEEN
 
-    @initialize(seed=st.integers(0, 2**16))
-    def setup(self, seed: int) -> None:
-        self.rng = random.Random(seed)
+    def start(self) -> None:
         config = CacheConfig(self.capacity_pages * self.page_size, self.page_size)
         tier = HostTierConfig(
-            capacity_tokens=self.host_chunks * self.chunk, block_size=self.chunk, eviction_policy=self.policy
+            capacity_tokens=self.host_chunks * self.chunk_tokens,
+            block_size=self.chunk_tokens,
+            eviction_policy=self.policy,
         )
         self.cache = make_cache(
             "hashchain", config, host_tier=tier, host_ack_delay=self.ack_delay, kv_events=self.kv_events
@@ -77,14 +89,12 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
         self.released_now: list[str] = []  # released since the last step boundary
         self.released_prev: list[str] = []  # released in the step before: finished at the next
         self.loading: dict[str, Loading] = {}
+        self.admission = Admission()
         self._start_events()
-        self.shadow = ShadowKV(self.page_size)
+        self.shadows = [ShadowKV(self.page_size)]
         self.host: dict[tuple[int, int], tuple] = {}  # (chunk id, block in chunk) -> its KV
         self.released: dict[str, dict[int, tuple]] = {}  # rid -> its blocks' KV at release
-        self.live_reqs: dict[str, Request] = {}
-        self.corpus: list[tuple[tuple[int, ...], tuple]] = []  # (tokens, namespace)
         self.served: list[tuple[tuple[int, ...], tuple]] = []  # what released requests computed
-        self.counter = 0
 
     def _spy(self, name: str, method: Any) -> Any:
         def call(*args: Any) -> Any:
@@ -95,11 +105,11 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
 
     # ------------------------------------------------------------ the worker
     def _block(self, block_id: int) -> tuple:
-        p = self.page_size
-        return tuple(self.shadow.slots.get(block_id * p + i) for i in range(p))
+        p, slots = self.page_size, self.shadows[0].slots
+        return tuple(slots.get(block_id * p + i) for i in range(p))
 
     def _transfer(self, job) -> None:  # type: ignore[no-untyped-def]
-        p = self.page_size
+        p, slots = self.page_size, self.shadows[0].slots
         for block_id, chunk_id, b in job.copies:
             if job.is_store:
                 live = job.req_id in self.live_reqs
@@ -109,30 +119,17 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
             else:
                 content = self.host[(chunk_id, b)]
                 for i in range(p):
-                    self.shadow.slots[block_id * p + i] = content[i]
+                    slots[block_id * p + i] = content[i]
 
-    # ------------------------------------------------------------ rules
-    def _snapshot(self) -> tuple:
-        c = self.cache
-        return (c.usage(), c.host_usage(), {r.request_id: tuple(c.page_table(r)) for r in c.live_requests})
+    # ------------------------------------------------------------ what differs
+    def tokens_to_reserve(self, match: Match, n: int) -> int:
+        return 0 if self.admission.waits and not self.admission.reserves_chunk else n
 
-    def _compute(self, req: Request, n: int) -> None:
-        self.shadow.write(self.cache, req, req.num_computed_tokens, req.num_computed_tokens + n)
-        req.num_computed_tokens += n
-        self.cache.commit(req)
-
-    @rule(
-        target=AdmissionRules.waiting,
-        share=st.integers(0, 40),
-        suffix=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),
-        ns=st.sampled_from(NAMESPACES[:2]),
-    )
-    def new_request(self, share: int, suffix: list[int], ns: tuple) -> Request:
-        base = self.rng.choice(self.corpus)[0] if self.corpus else ()
-        tokens = (base[:share] + tuple(suffix))[:44]
-        self.corpus.append((tokens, ns))
-        self.counter += 1
-        return Request(f"r{self.counter}", tokens, cache_salt=ns[0], lora_name=ns[1])
+    def begin(self, req: Request, match: Match, n: int) -> None:
+        if self.admission.waits:
+            self._wait_for_load(req, match, n, self.admission.reserves_chunk)
+        else:
+            self._compute(req, n)
 
     def _admit(  # type: ignore[no-untyped-def]
         self, req: Request, match, chunk: int, what: str, waits: bool = False, reserves_chunk: bool = False
@@ -146,27 +143,9 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
             with pytest.raises(ValueError, match="pending"):
                 self.cache.allocate(req, 1, match)
             return multiple(req)  # retried later, as vLLM's scheduler does
-        hit = current.tokens + current.host_tokens
-        assert hit <= req.num_tokens - 1
-        n = min(chunk, req.num_tokens - hit)
-        if -(-(hit + n) // self.page_size) > self.capacity_pages - 1:
-            return multiple()
         waits = waits and current.host_tokens > 0 and not self.cache.load_overlapped
-        before = self._snapshot()
-        if not self.cache.allocate(req, 0 if waits and not reserves_chunk else n, current):
-            assert self._snapshot() == before, "a failed allocate changed the cache"
-            return multiple(req)
-        assert req.num_computed_tokens == hit
-        assert self.cache.loaded_tokens(req) == current.host_tokens
-        if current.host_tokens:
-            SEEN[self.name]["host hits"] += 1
-        self.shadow.check(self.cache, req, hit, f"{what} (host part {current.host_tokens})")
-        self.live_reqs[req.request_id] = req
-        if waits:
-            self._wait_for_load(req, current, n, reserves_chunk)
-        else:
-            self._compute(req, n)
-        return multiple()
+        self.admission = Admission(waits, reserves_chunk)
+        return super()._admit(req, current, chunk, what)
 
     def _wait_for_load(self, req: Request, match: Any, chunk: int, reserved: bool) -> None:
         load_end = match.tokens + match.external_tokens
@@ -181,8 +160,8 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
         )
 
     @rule(
-        target=AdmissionRules.waiting,
-        req=consumes(AdmissionRules.waiting),
+        target=Lifecycle.waiting,
+        req=consumes(Lifecycle.waiting),
         chunk=st.integers(1, 16),
         reserves_chunk=st.booleans(),
     )
@@ -204,35 +183,24 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
 
     def _first_chunk(self, w: Loading) -> None:
         req, hit = w.req, w.req.num_computed_tokens
-        self.shadow.check(self.cache, req, hit, "the loaded KV at its first step")
-        before = self._snapshot()
-        if not self.cache.allocate(req, w.chunk):
-            assert self._snapshot() == before, "a failed allocate changed the cache"
+        self._check(req, hit, "the loaded KV at its first step")
+        if not self._allocate(req, w.chunk):
             return
         self._compute(req, w.chunk)
         del self.loading[req.request_id]
-        SEEN[self.name]["first chunks after a load"] += 1
+        self.count("first chunks after a load")
         self._check_first_chunk_events(w, hit)
 
     @precondition(lambda self: len(self.live_reqs) > len(self.loading))
     @rule(data=st.data(), chunk=st.integers(1, 16))
     def step(self, data: st.DataObject, chunk: int) -> None:
         """A running request's next chunk or decode token (a loading one computes nothing)."""
-        req = self.live_reqs[data.draw(st.sampled_from(sorted(self.live_reqs.keys() - self.loading.keys())))]
-        if req.num_computed_tokens == req.num_tokens:
-            req.append_output_token_ids(self.rng.randrange(VOCAB))
-            chunk = 1
-        n = min(chunk, req.num_tokens - req.num_computed_tokens)
-        if -(-(req.num_computed_tokens + n) // self.page_size) > self.capacity_pages - 1:
-            return
-        before = self._snapshot()
-        if self.cache.allocate(req, n):
-            self._compute(req, n)
-        else:
-            assert self._snapshot() == before, "a failed extend changed the cache"
+        self._step(self._pick(data, self.live_reqs.keys() - self.loading.keys()), chunk)
+
+    new_request = new_request_rule(share=40, suffix=12, namespaces=NAMESPACES[:2])
 
     @precondition(lambda self: self.corpus)
-    @rule(target=AdmissionRules.waiting)
+    @rule(target=Lifecycle.waiting)
     def revisit(self) -> Request:
         """A request repeating an earlier one's tokens plus one (often a hit across tiers)."""
         base, ns = self.rng.choice(self.corpus)
@@ -241,7 +209,7 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
         return Request(f"r{self.counter}", tokens[-44:], cache_salt=ns[0], lora_name=ns[1])
 
     @rule(
-        target=AdmissionRules.waiting,
+        target=Lifecycle.waiting,
         length=st.integers(9, 40),
         chunk=st.integers(1, 32),
         waits=st.booleans(),
@@ -261,13 +229,13 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
         hit = m.tokens + m.host_tokens
         if m.pending or not self.cache.allocate(first, len(tokens) - hit, m):
             return multiple()
-        self.shadow.check(self.cache, first, hit, "first turn")
+        self._check(first, hit, "first turn")
         self._compute(first, len(tokens) - hit)
         self.live_reqs[first.request_id] = first
         self.release_request(first, preempt=False)
         for _ in range(3 + self.ack_delay):
             self._advance()
-        self.evict(10**6)
+        self._evict(10**6)
         self.counter += 1
         again = Request(
             f"r{self.counter}", (*tokens, self.rng.randrange(VOCAB)), cache_salt=ns[0], lora_name=ns[1]
@@ -300,7 +268,7 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
             f"a store made after a finish callback in one step: {self.manager_calls}"
         )
         if len(finished) > 1:
-            SEEN[self.name]["steps finishing several"] += 1
+            self.count("steps finishing several")
         events = self._take_events()
         acknowledged = []
         for w in self.loading.values():
@@ -330,15 +298,7 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
         self._advance()
         self._advance()
 
-    @precondition(lambda self: self.live_reqs)
-    @rule(target=AdmissionRules.waiting, data=st.data(), preempt=st.booleans())
-    def release(self, data: st.DataObject, preempt: bool):  # type: ignore[no-untyped-def]
-        return self.release_request(
-            self.live_reqs[data.draw(st.sampled_from(sorted(self.live_reqs)))], preempt
-        )
-
-    def release_request(self, req: Request, preempt: bool):  # type: ignore[no-untyped-def]
-        del self.live_reqs[req.request_id]
+    def _release(self, req: Request) -> None:
         self.loading.pop(req.request_id, None)
         self.released_now.append(req.request_id)
         self.released[req.request_id] = {b: self._block(b) for b in self.cache.page_table(req)}
@@ -346,38 +306,26 @@ class OffloadLifecycle(AdmissionRules, TierLoadEvents):
         entry = (tuple(req.all_token_ids[: req.num_computed_tokens]), (req.cache_salt, req.lora_name))
         self.corpus.append(entry)
         self.served.append(entry)
-        if not preempt:
-            return multiple()
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
-        return multiple(req)
 
-    @rule(num_tokens=st.integers(0, 64))
-    def evict(self, num_tokens: int) -> None:
+    def _evict(self, num_tokens: int) -> int:
         host = self.cache.host_usage()
-        self.cache.evict(num_tokens)
+        freed = super()._evict(num_tokens)
         assert self.cache.host_usage() == host, "a device eviction touched the host tier"
+        return freed
 
     @rule()
     def evict_device(self) -> None:
         """All unpinned device KV dropped: only the host tier can serve it back."""
-        self.evict(10**6)
+        self._evict(10**6)
 
-    @rule()
-    def reset(self) -> None:
-        if self.cache.reset():
-            assert tuple(self.cache.host_usage()) == (self.host_chunks, 0, 0)
-            self.released_now.clear()  # the connector's request states are dropped with it
-            self.released_prev.clear()
+    reset = rule()(Lifecycle.reset)
 
-    @invariant()
-    def consistent(self) -> None:
-        if not hasattr(self, "cache"):
-            return
-        SEEN[self.name]["steps"] += 1
-        self.cache.check_invariants()
-        for req in self.live_reqs.values():
-            self.shadow.check(self.cache, req, req.num_computed_tokens, "live request")
+    def after_reset(self) -> None:
+        assert tuple(self.cache.host_usage()) == (self.host_chunks, 0, 0)
+        self.released_now.clear()  # the connector's request states are dropped with it
+        self.released_prev.clear()
+
+    def check_more(self) -> None:
         self._check_events_agree()
 
 

@@ -10,6 +10,7 @@ from prefixcache.backends.radix.radix_cache import MatchResult, RadixCache
 from prefixcache.backends.radix.swa_backend import SWARadixPrefixCache
 from prefixcache.backends.radix.tree import TreeNode
 
+from prefixcache import capabilities
 from prefixcache.config import CacheConfig
 from prefixcache.eviction import POLICIES, make_policy
 from prefixcache.interface import PrefixCache
@@ -20,7 +21,9 @@ def make_radix_cache(config: CacheConfig, **options: Any) -> PrefixCache[Any]:
     Mamba cache (which refuses sliding-window layers beside them, as we do not model FULL +
     SWA + MAMBA), one with sliding-window layers the SWA cache, every other the dense
     RadixCache, byte-for-byte as before layouts existed. ``host_tier=HostTierConfig(...)``
-    (not None) gets SGLang 0.5.23's HiCache (hicache_backend.py; full attention only)."""
+    (not None) gets SGLang 0.5.23's HiCache (hicache_backend.py; full attention only). A mix
+    the capability table refuses is a ValueError saying what it takes."""
+    capabilities.check("radix", config, options)
     if options.get("host_tier") is not None:
         from prefixcache.backends.radix.hicache_backend import HiCacheRadixPrefixCache
 

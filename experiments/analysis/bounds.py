@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefixcache import Request
-
 
 @dataclass(frozen=True, slots=True)
 class BlockTrace:
@@ -194,61 +192,3 @@ def lru_hit_curve(trace: BlockTrace, capacities: Sequence[int]) -> list[int]:
     ordered = np.sort(np.asarray(distances, dtype=np.int64))
     counts = np.searchsorted(ordered, np.asarray(capacities, dtype=np.int64), side="right")
     return [int(c) * trace.page_size for c in counts]
-
-
-# ------------------------------------------------------------------------------ scheduling
-OFFLINE_DFS = "dfs-offline"  # the scheduling study's optimum, as a scheduler name
-
-
-def offline_schedule(reqs: Sequence[Request], scheduler: str) -> tuple[Sequence[Request], str]:
-    """The queue and the engine scheduler that run ``scheduler``: ``dfs-offline`` is the queue
-    pre-sorted by ``dfs_weight_order`` and served FCFS (the engine keeps insertion order among
-    equal arrivals); any other name is an online scheduler and leaves the queue alone."""
-    if scheduler == OFFLINE_DFS:
-        return dfs_weight_order(reqs), "fcfs"
-    return reqs, scheduler
-
-
-def dfs_weight_order(reqs: Sequence[Request]) -> list[Request]:
-    """The offline order of SGLang's Theorem 3.1, the scheduling study's optimum: depth-first
-    over the token trie of ``reqs``; a request ending at a node goes before the node's children,
-    and at each branch the child holding more requests goes first (ties: the one whose earliest
-    request is earlier in the queue)."""
-    # Sorting the sequences makes every trie subtree a contiguous run; adjacent common-prefix
-    # lengths (lcp[i] between items i-1 and i) then give the branch depths.
-    keyed = sorted(range(len(reqs)), key=lambda i: (reqs[i].namespace, tuple(reqs[i].all_token_ids)))
-    seqs = [np.asarray(reqs[i].all_token_ids, dtype=np.int64) for i in keyed]
-    lcp = [0] * len(keyed)
-    for i in range(1, len(keyed)):
-        if reqs[keyed[i]].namespace == reqs[keyed[i - 1]].namespace:
-            lcp[i] = _common_prefix(seqs[i - 1], seqs[i])
-        else:
-            lcp[i] = -1  # different namespaces split at the root
-
-    out: list[int] = []
-    stack = [(0, len(keyed))]  # subtrees [lo, hi) still to visit; explicit, as chains run deep
-    while stack:
-        lo, hi = stack.pop()
-        if hi - lo == 1:
-            out.append(keyed[lo])
-            continue
-        depth = min(lcp[lo + 1 : hi])
-        runs: list[tuple[int, int]] = []
-        start = lo
-        for i in range(lo + 1, hi):
-            if lcp[i] == depth:
-                runs.append((start, i))
-                start = i
-        runs.append((start, hi))
-        # A request that ends at this node computes the prefix its subtree shares: it goes first
-        # (a chat turn before the turns that extend it); then the heavier child.
-        runs.sort(key=lambda run: (len(seqs[run[0]]) != depth, -(run[1] - run[0]),
-                                   min(keyed[run[0] : run[1]])))
-        stack.extend(reversed(runs))  # heaviest child popped first
-    return [reqs[i] for i in out]
-
-
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -26,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefixcache.experiments.analysis.bounds import offline_schedule
 from prefixcache.experiments.analysis.metrics import block_hit_rate_of
 from prefixcache.experiments.inputs.workloads import make_workload
+from prefixcache.experiments.run_config import RunConfig
 
-from prefixcache import CacheConfig, CostModel, Engine, PrefixCache, Request, make_cache
+from prefixcache import CostModel, Engine, PrefixCache, Request
 from prefixcache.cost_model import Clock, clock_from_constants
 
 SCALES = ("tiny", "default", "full")
@@ -149,21 +148,31 @@ def make_requests(config: dict[str, Any]) -> list[Request]:
     return reqs[: config["limit"]] if config["limit"] else reqs
 
 
-def build_cache(config: dict[str, Any]) -> PrefixCache:
+def run_config(config: dict[str, Any]) -> RunConfig:
+    """The run a cell's config describes (experiments/run_config.py): its cache and engine."""
     options = dict(config["options"])
     if isinstance(options.get("host_tier"), dict):  # JSON in the cell's config
         from prefixcache.tiers import HostTierConfig
 
         options["host_tier"] = HostTierConfig(**options["host_tier"])
-    config_ = CacheConfig(config["capacity_tokens"], config["page_size"], layout=config.get("layout"))
-    if config["backend"] == "radix" and not config_.is_hybrid:
-        # A counter instead of wall time: the same run always breaks LRU ties the same way (the
-        # hybrid caches count already, as SGLang's get_and_increase_time_counter).
-        options.setdefault("clock", itertools.count().__next__)
+    return RunConfig(
+        config["backend"],
+        config["capacity_tokens"],
+        config["page_size"],
+        layout=config.get("layout"),
+        options=options,
+        scheduler=config.get("scheduler", "fcfs"),
+        token_budget=config.get("token_budget", 2048),
+        seed=config.get("seed", 0),
+        clock=clock_from_constants(config["cost_model"]) if "cost_model" in config else None,
+    )
+
+
+def build_cache(config: dict[str, Any]) -> PrefixCache:
     if config["backend"] == "hashchain" and config.get("source") in MOONCAKE_TRACES:
         # The same hashes, read instead of computed, in every cell over the trace (not a setting)
-        options["known_prompt_hashes"] = trace_prompt_hashes(config["source"])
-    return make_cache(config["backend"], config_, **options)
+        return run_config(config).make_cache(known_prompt_hashes=trace_prompt_hashes(config["source"]))
+    return run_config(config).make_cache()
 
 
 _PROMPT_HASHES: dict[str, Any] = {}  # source -> its store, one per process
@@ -271,10 +280,7 @@ def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> p
 def run_engine(
     cache: PrefixCache, reqs: Sequence[Request], config: dict[str, Any]
 ) -> tuple[pd.DataFrame, Engine]:
-    reqs, scheduler = offline_schedule(reqs, config["scheduler"])
-    engine = Engine(cache, scheduler, config["token_budget"], seed=config["seed"],
-                    cost_model=clock_from_constants(config["cost_model"]))
-    records = engine.run(reqs)
+    records, engine = run_config(config).run(cache, reqs)
     df = pd.DataFrame([asdict(r) for r in records])
     df["ttft_s"] = df["first_token_time"] - df["arrival_time"]
     df["latency_s"] = df["finish_time"] - df["arrival_time"]

@@ -306,7 +306,7 @@ def _cells(
     todo: Sequence[dict[str, Any]], out: Path, force: bool, jobs: int, executor: str, address: str | None
 ) -> Iterator[dict[str, Any]]:
     if executor == "ray":
-        from prefixcache.experiments.cli import ray_session
+        from prefixcache.experiments.sweep import ray_session
 
         with ray_session(address, num_cpus=jobs) as ray:
             task = ray.remote(run_cluster_cell)

@@ -21,7 +21,6 @@ from typing import Any
 
 import pandas as pd
 from prefixcache.experiments.analysis import bounds
-from prefixcache.experiments.analysis.bounds import dfs_weight_order
 from prefixcache.experiments.figures.common import (
     cell_config,
     cell_name,
@@ -31,6 +30,8 @@ from prefixcache.experiments.figures.common import (
     save_study,
     study_main,
 )
+
+from prefixcache.scheduler import dfs_weight_order
 
 STUDY = "scheduling"
 SCHEDULERS = ["fcfs", "lpm", "dfs-weight", "dfs-offline"]
