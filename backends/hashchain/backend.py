@@ -232,10 +232,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         dedupe: bool = False,
     ) -> None:
         super().__init__(config)
-        _check_switches(
-            config, attention_groups, host_tier, host_ack_delay, kv_events, use_eagle, publish, dedupe,
-            unhashed_first,
-        )  # fmt: skip
+        switches = (host_tier, host_ack_delay, kv_events, use_eagle, publish, dedupe, unhashed_first)
+        _check_switches(config, attention_groups, *switches)
         self.hash_fn_name = hash_fn
         groups = KVCacheGroups.of(config, attention_groups)
         self.attention_groups = groups.specs
@@ -253,8 +251,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             free_skipped_on_failure=free_skipped_on_failure, hash_block_size=self.hash_block_size,
             use_eagle=use_eagle, known_prompt_hashes=known_prompt_hashes, publish=publish, dedupe=dedupe,
         )  # fmt: skip
-        # publish="commit": each live request's length at admission; commits up to it are
-        # prefill chunks (SGLang checkpoints those), later ones decode steps.
+        # publish="commit": each live request's length at admission (later commits: decode steps)
         self._prefill_end: dict[str, int] | None = None if publish == "allocation" else {}
         self.use_eagle = use_eagle
         self.primary_group = groups.primary_group  # page_table's group
