@@ -38,7 +38,7 @@ _EVENT_SPEC_KINDS = {"full": "full_attention", "sliding_window": "sliding_window
 
 
 def _check_switches(
-    config: CacheConfig, attention_groups: Sequence[object] | None, host_tier: HostTierConfig | None,
+    config: CacheConfig, attention_groups: Sequence[object] | None, *, host_tier: HostTierConfig | None,
     host_ack_delay: int, kv_events: bool, use_eagle: bool, publish: str, dedupe: bool, unhashed_first: bool,
 ) -> None:
     """The option mixes ``HashChainCache`` refuses before building anything."""
@@ -232,8 +232,9 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         dedupe: bool = False,
     ) -> None:
         super().__init__(config)
-        switches = (host_tier, host_ack_delay, kv_events, use_eagle, publish, dedupe, unhashed_first)
-        _check_switches(config, attention_groups, *switches)
+        _check_switches(config, attention_groups, host_tier=host_tier, host_ack_delay=host_ack_delay,
+                        kv_events=kv_events, use_eagle=use_eagle, publish=publish, dedupe=dedupe,
+                        unhashed_first=unhashed_first)  # fmt: skip
         self.hash_fn_name = hash_fn
         groups = KVCacheGroups.of(config, attention_groups)
         self.attention_groups = groups.specs

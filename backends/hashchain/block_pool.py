@@ -163,7 +163,9 @@ class BlockPool:
             new_blocks = [blocks[i] for i in cached_at]
             keys = [block_keys[i] for i in cached_at]
         if any(map(_block_hash, new_blocks)):  # vLLM's block_hash setter asserts this per block
-            next(b for b in new_blocks if b.block_hash is not None).assign_hash(keys[0])  # raises
+            for block, key in zip(new_blocks, keys, strict=True):
+                if block.block_hash is not None:
+                    block.assign_hash(key)  # raises, before any block is hashed
         for block, key in zip(new_blocks, keys, strict=True):
             block.block_hash = key
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
@@ -532,4 +534,4 @@ class BlockPool:
             cached_free == self.num_cached_free_blocks,
             f"{cached_free} cached free blocks, counter says {self.num_cached_free_blocks}",
         )
-        self.eviction.check(self)
+        self.eviction.check(self, forward)

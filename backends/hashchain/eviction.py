@@ -101,7 +101,7 @@ class FreeQueueLRU:
     def released(self, request: Request) -> None:
         pass
 
-    def check(self, pool: BlockPool) -> None:
+    def check(self, pool: BlockPool, free_blocks: list[KVCacheBlock]) -> None:
         pass
 
 
@@ -273,14 +273,13 @@ class RankedEviction:
         if entry is not None:
             self._index.remove(entry)
 
-    def check(self, pool: BlockPool) -> None:
+    def check(self, pool: BlockPool, free_blocks: list[KVCacheBlock]) -> None:
         """InvariantError unless the index holds exactly the free cached leaves, with fresh
         keys, every child count is right, and no unhashed free block sits behind a cached one
-        in the queue."""
-        forward = pool.free_block_queue.get_all_free_blocks()
-        unhashed = len(forward) - pool.num_cached_free_blocks
+        in the queue (``free_blocks``: the queue head to tail, as the pool's check walked it)."""
+        unhashed = len(free_blocks) - pool.num_cached_free_blocks
         ensure(
-            all(b.block_hash is None for b in forward[:unhashed]),
+            all(b.block_hash is None for b in free_blocks[:unhashed]),
             "ranked policy: a free block without a hash behind a cached one in the queue",
         )
         blocks: list[RankedKVCacheBlock] = list(pool.blocks)  # type: ignore[arg-type]
