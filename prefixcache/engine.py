@@ -677,7 +677,7 @@ class Engine:
         while n > 0:
             tokens, k = self._output_tokens(req), req.num_output_tokens
             chunk = tokens[k : k + n]
-            req.append_output_token_ids(chunk)
+            req.append_known_output(chunk)  # made by output_tokens: checked there
             n -= len(chunk)
 
     def _run_model(self, scheduled: list[tuple[Request, int]]) -> list[int]:

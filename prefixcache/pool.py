@@ -35,7 +35,7 @@ queue (vLLM's ``FreeKVCacheBlockQueue``) over the same id space and size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -136,16 +136,40 @@ class PagePool:
         arr = np.asarray(pages, dtype=np.int64).reshape(-1)
         if arr.size == 0:
             return
-        if arr.min() < 1 or arr.max() >= self.num_pages:
-            raise ValueError(f"page ids must lie in [1, {self.num_pages}), got {arr.min()}..{arr.max()}")
-        if self._is_free[arr].any() or self._has_repeats(arr):
-            raise ValueError(f"double free of pages {arr[self._is_free[arr]].tolist()[:8]} (or repeated ids)")
-        self._is_free[arr] = True
+        self._flag_freed(arr)
         if self._group is not None:
             self._group.append(arr.copy())
             self._num_grouped += arr.size
         else:
             self._put(arr)
+
+    def free_each(self, runs: Sequence[PageIds]) -> None:
+        """``free(run)`` for each of ``runs`` in turn, each its own free call (a leaf-by-leaf
+        eviction's), checked and placed at once: the pool ends exactly as after the calls
+        (paged mode prepends each call's block, so the last call's pages come first)."""
+        if len(runs) <= 1:
+            if runs:
+                self.free(runs[0])
+            return
+        arr = np.concatenate(runs)
+        if arr.size == 0:
+            return
+        self._flag_freed(arr)
+        if self._group is not None:  # a group, staging and appending keep the calls' order
+            self._group.append(arr)
+            self._num_grouped += arr.size
+        elif self.need_sort or self.append_freed:
+            self._put(arr)
+        else:
+            self._put(np.concatenate(runs[::-1]))
+
+    def _flag_freed(self, arr: PageIds) -> None:
+        """Mark ``arr`` free; ValueError (nothing changed) on page 0, unknown, free or repeated ids."""
+        if arr.min() < 1 or arr.max() >= self.num_pages:
+            raise ValueError(f"page ids must lie in [1, {self.num_pages}), got {arr.min()}..{arr.max()}")
+        if self._is_free[arr].any() or self._has_repeats(arr):
+            raise ValueError(f"double free of pages {arr[self._is_free[arr]].tolist()[:8]} (or repeated ids)")
+        self._is_free[arr] = True
 
     def _put(self, arr: PageIds) -> None:
         """Place freed (already flagged) pages as one free call of SGLang's allocator."""

@@ -279,6 +279,13 @@ class Request:
             token_ids = (token_ids,)
         tokens.extend(_check_token_ids(token_ids, "output_token_ids"))  # type: ignore[arg-type]
 
+    def append_known_output(self, token_ids: list[int]) -> None:
+        """Append output tokens that were checked where they were made (a planned output, or
+        ``synthesis.simulated_tokens``): the engine's catch-up after deferred decode steps,
+        without ``append_output_token_ids``' per-token check of outside input."""
+        tokens = self._all_token_ids
+        (self._early_output if tokens is None else tokens).extend(token_ids)
+
     def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, "

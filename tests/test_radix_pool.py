@@ -90,7 +90,11 @@ def test_free_rejects_reserved_unknown_and_double_frees() -> None:
         for bad in ([0], [6], [4], [1, 1]):
             with pytest.raises(ValueError):
                 pool.free(bad)
+        for runs in ([[1], [1]], [[2], [0]], [[3], [4]]):  # repeated across runs, reserved, free
+            with pytest.raises(ValueError):
+                pool.free_each([np.array(run, dtype=np.int64) for run in runs])
         pool.check()
+        assert pool.num_free == 2, "a refused free_each changed the pool"
 
 
 class ListModel:
@@ -138,8 +142,15 @@ def test_pool_agrees_with_a_list_model_of_sglangs_allocators(
             rnd.shuffle(held)  # type: ignore[attr-defined]
             k = 1 + n % len(held)
             pages, held = held[:k], held[k:]
-            pool.free(np.array(pages))
-            model.free(pages)
+            if over % 2:  # one free call
+                pool.free(np.array(pages))
+                model.free(pages)
+            else:  # a free call per run, made at once (a radix eviction's leaves)
+                cut = sorted({0, k, *(rnd.randrange(k + 1) for _ in range(over // 2))})  # type: ignore[attr-defined]
+                runs = [pages[a:b] for a, b in zip(cut, cut[1:])]
+                pool.free_each([np.array(run, dtype=np.int64) for run in runs])
+                for run in runs:
+                    model.free(run)
         assert ids(pool.free_list()) == model.free_pages + model.staged
         assert pool.num_free == len(model.free_pages) + len(model.staged)
         pool.check()

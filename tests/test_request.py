@@ -117,3 +117,22 @@ def test_token_ids_reads_any_range_without_building_the_token_list_of_an_array_p
     req.append_output_token_ids(12)
     full.append(12)
     assert [req.token_ids(s, e) for s, e in ranges] == [full[s:e] for s, e in ranges]
+
+
+def test_known_output_appends_as_the_checked_append_does_before_and_after_the_list_is_built() -> None:
+    """``append_known_output`` (the engine's catch-up of deferred steps) leaves a request as
+    ``append_output_token_ids`` would: tokens, counts and ranges, whether or not its token
+    list was built yet."""
+    for build_first in (False, True):
+        checked = Request.deferred("c", 3, lambda: [1, 2, 3])
+        known = Request.deferred("k", 3, lambda: [1, 2, 3])
+        for req in (checked, known):
+            req.append_output_token_ids(4)
+            if build_first:
+                assert list(req.all_token_ids) == [1, 2, 3, 4]
+        checked.append_output_token_ids([5, 6])
+        known.append_known_output([5, 6])
+        assert known.num_output_tokens == checked.num_output_tokens == 3
+        assert known.num_tokens == checked.num_tokens == 6
+        assert known.token_ids(2, 6) == checked.token_ids(2, 6) == [3, 4, 5, 6]
+        assert list(known.all_token_ids) == list(checked.all_token_ids) == [1, 2, 3, 4, 5, 6]

@@ -166,8 +166,9 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         )
 
     # ------------------------------------------------------------------ pool
-    def _free_slots(self, slots: SlotArray) -> None:
-        self.pool.free(self._pages_of(slots))
+    def _free_slots(self, runs: list[SlotArray]) -> None:
+        """The tree's evicted leaves, a free call each (one check for them all)."""
+        self.pool.free_each([self._pages_of(slots) for slots in runs])
 
     def _make_room(self, num_pages: int, demand_tokens: int) -> bool:
         """SGLang's ``evict_to_free_tokens(demand_tokens)`` before taking ``num_pages`` pages:

@@ -55,7 +55,7 @@ class HiRadixCache(RadixCache):
         host_pool: HostPool,
         write_policy: str,
         eviction_policy: str = "lru",
-        free_slots: Callable[[SlotArray], None] | None = None,
+        free_slots: Callable[[list[SlotArray]], None] | None = None,
         on_stored: Callable[[int], None] = lambda n: None,
         on_host_evicted: Callable[[int], None] = lambda n: None,
         clock: Callable[[], float] | None = None,
@@ -317,7 +317,7 @@ class HiRadixCache(RadixCache):
 
     def _demote(self, node: TreeNode) -> None:
         assert node.value is not None and node.backuped and node.lock_ref == 0
-        self.free_slots(node.value)
+        self.free_slots([node.value])
         self.evictable_size_ -= len(node.value)
         node.value = None
         self.version += 1  # its duplicate entry goes stale, not away (0.5.23 sweeps lazily)
@@ -340,7 +340,7 @@ class HiRadixCache(RadixCache):
             self._free_host(sub)
             dropped.append(sub)
         node.children = {}
-        self.free_slots(node.value)
+        self.free_slots([node.value])
         self._delete_leaf(node)
         if self.events is not None:  # drop_subtree_no_host: the deepest first, then the node
             for sub in reversed(dropped):

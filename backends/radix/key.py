@@ -75,6 +75,8 @@ class RadixKey:
     def __getitem__(self, idx: int | slice) -> RadixKey:
         """A slice (step 1) or one token (bigram), as a RadixKey in the same namespace and
         mode (as SGLang)."""
+        if type(idx) is slice and idx.step is None and not self.is_bigram:  # the tree walk's case
+            return _view(self.token_ids[idx], self.extra_key)
         n = len(self)
         if isinstance(idx, slice):
             if idx.step not in (None, 1):
@@ -124,8 +126,10 @@ class RadixKey:
         return key, (value[: len(key)] if value is not None else None)
 
     def page_aligned(self, page_size: int) -> RadixKey:
-        """The key truncated to whole pages (``len // page * page`` tokens or bigrams)."""
-        return self[: len(self) // page_size * page_size]
+        """The key truncated to whole pages (``len // page * page`` tokens or bigrams); itself
+        when it is whole pages already."""
+        n = len(self)
+        return self if n % page_size == 0 else self[: n // page_size * page_size]
 
     def match(self, other: RadixKey, page_size: int = 1) -> int:
         """Length of the common prefix with ``other``, rounded down to whole pages.
@@ -162,3 +166,10 @@ class RadixKey:
         more = "..." if len(self) > 10 else ""
         bigram = ", is_bigram=True" if self.is_bigram else ""
         return f"RadixKey(extra_key={self.extra_key!r}, token_ids={preview}{more}, len={len(self)}{bigram})"
+
+
+def _view(token_ids: TokenArray, extra_key: Hashable | None) -> RadixKey:
+    """A plain key over ``token_ids``, a slice of a checked key's own array (so no check)."""
+    key = object.__new__(RadixKey)
+    key.token_ids, key.extra_key, key.is_bigram = token_ids, extra_key, False
+    return key

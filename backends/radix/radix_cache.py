@@ -1,7 +1,8 @@
 """RadixCache: SGLang's radix tree over KV slot indices (``radix_cache.py``), pool-agnostic.
 
 The tree knows tokens and slot indices only; whoever owns the KV pool passes ``free_slots``,
-called with the slots of every evicted leaf. Sizes are in tokens:
+called once per eviction with the slots of each leaf it took, in order (a free call each, as
+SGLang frees leaf by leaf). Sizes are in tokens:
 ``evictable_size + protected_size == total_size()`` at all times (root excluded).
 """
 
@@ -50,7 +51,7 @@ class RadixCache:
         disable: bool = False,
         is_eagle: bool = False,
         eviction_policy: str = "lru",
-        free_slots: Callable[[SlotArray], None] | None = None,
+        free_slots: Callable[[list[SlotArray]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         events: RadixEventRecorder | None = None,
         capacity: int | None = None,
@@ -68,7 +69,7 @@ class RadixCache:
         self.is_eagle = is_eagle  # keys become bigram views at match / insert (key.py)
         self.policy: EvictionPolicy = make_policy(eviction_policy, capacity, lookups=learns)
         self.learner = self.policy if isinstance(self.policy, LearnedReuse) else None
-        self.free_slots = free_slots if free_slots is not None else (lambda slots: None)
+        self.free_slots = free_slots if free_slots is not None else (lambda runs: None)
         self.clock = clock
         # SGLang's ``kv_events`` recorder (None: off); set before the first reset, which it records.
         self.events = events
@@ -129,17 +130,21 @@ class RadixCache:
         node.last_access_time = now
         values: list[SlotArray] = []
         pos = 0
+        end = len(key)
         if along is not None:
+            leaf_entry = self._leaf_entry
             for child in self._path_from_root(along):
                 child.last_access_time = now
-                self._refresh(child)
-                assert child.value is not None
-                pos += len(child.key)
+                if child.id in leaf_entry:  # _refresh, inline: this walk runs down every path
+                    self._update_leaf_status(child)
+                value = child.value
+                assert value is not None
+                pos += len(value)  # a slot per token of its key
                 if pos > indices_from:
-                    values.append(_tail(child.value, pos, indices_from))
-            assert pos <= len(key), "along: the node's path is longer than the key"
+                    values.append(_tail(value, pos, indices_from))
+            assert pos <= end, "along: the node's path is longer than the key"
             node = along
-        while pos < len(key):
+        while pos < end:
             step = self._descend(node, key, pos, now)
             if step is None:
                 break
@@ -201,19 +206,29 @@ class RadixCache:
         key, value, now = self._begin_insert(key, value, priority, value_from)
         node = self.root_node
         pos = 0
+        end = len(key)
         if along is not None:
+            leaf_entry = self._leaf_entry
             for child in self._path_from_root(along):
                 child.last_access_time = now  # as _descend stamps and re-sorts it
-                self._refresh(child)
-                child.priority = max(child.priority, priority)
-                pos += len(child.key)
+                # _refresh, inline (this walk runs down every path): re-sorted as it is
+                # stamped, and again once its keys' other inputs changed (a policy's key may
+                # read its own earlier state: wa)
+                listed = child.id in leaf_entry
+                if listed:
+                    self._update_leaf_status(child)
+                if child.priority < priority:
+                    child.priority = priority
+                assert child.value is not None
+                pos += len(child.value)  # a slot per token of its key
                 if pos > hit_from:
                     child.hit_count += 1
-                child.tail_tokens = len(key) - pos
-                self._refresh(child)
-            assert pos <= len(key), "along: the node's path is longer than the key"
+                child.tail_tokens = end - pos
+                if listed:
+                    self._update_leaf_status(child)
+            assert pos <= end, "along: the node's path is longer than the key"
             node = along
-        while pos < len(key):
+        while pos < end:
             step = self._descend(node, key, pos, now)
             if step is None:
                 break
@@ -222,10 +237,10 @@ class RadixCache:
             pos += n
             if pos > hit_from:
                 child.hit_count += 1
-            child.tail_tokens = len(key) - pos
+            child.tail_tokens = end - pos
             self._refresh(child)
             node = child
-        if pos < len(key):
+        if pos < end:
             if pos < value_from:
                 raise ValueError(f"insert: tokens [{pos}, {value_from}) are not cached and have no slots")
             leaf = TreeNode(now, priority=priority)
@@ -262,12 +277,13 @@ class RadixCache:
         """One edge down from ``node`` along ``key[pos:]`` (match and insert alike): the child,
         stamped ``now`` and split where the match ends inside it, the tokens it matched, and
         whether it was split; None if no child starts with ``key[pos:]``."""
-        child = node.children.get(key[pos:].child_key(self.page_size))
+        rest = key[pos:]
+        child = node.children.get(rest.child_key(self.page_size))
         if child is None:
             return None
         child.last_access_time = now
         self._refresh(child)  # before a split: the lower part keeps this stamp
-        n = child.key.match(key[pos:], self.page_size)
+        n = child.key.match(rest, self.page_size)
         diverged = n < len(child.key)  # the query ends or differs inside this edge
         if diverged:
             child = self._split_node(child, n, now)
@@ -378,6 +394,7 @@ class RadixCache:
         if self.disable:
             return 0
         evicted = 0
+        freed: list[SlotArray] = []  # each leaf's slots, freed after the walk in one call
         while evicted < num_tokens and self._leaves:
             key, _, leaf = self._leaves[0]
             if not self.whole_leaves:
@@ -392,11 +409,13 @@ class RadixCache:
             if self.learner is not None:  # the ghost walks on from the edge's own node
                 self.learner.evicted(leaf, content_id, (leaf.id, len(leaf.key)))
             assert leaf.value is not None
-            self.free_slots(leaf.value)
+            freed.append(leaf.value)
             evicted += len(leaf.value)
             self._delete_leaf(leaf)  # its parent joins the leaves if now unlocked and childless
             if self.events is not None:
                 self.events.record_remove(leaf)
+        if freed:
+            self.free_slots(freed)
         return evicted
 
     def _delete_leaf(self, node: TreeNode) -> None:

@@ -167,12 +167,14 @@ def _blocks_tokens(hash_ids: Sequence[int], vocab_size: int) -> np.ndarray:
     """``block_tokens`` of each id, concatenated, in one vectorised pass (the replay hot path)."""
     ids = np.asarray(hash_ids, dtype=np.uint64)
     x = (ids[:, None] * np.uint64(MOONCAKE_BLOCK) + np.arange(MOONCAKE_BLOCK, dtype=np.uint64)).reshape(-1)
+    shifted = np.empty_like(x)  # one scratch array for both shifts (prompts run to 100k+ tokens)
     with np.errstate(over="ignore"):  # wrap-around is the point
         x *= np.uint64(0x9E3779B97F4A7C15)
-        x ^= x >> np.uint64(30)
+        x ^= np.right_shift(x, np.uint64(30), out=shifted)
         x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-    return (x % np.uint64(vocab_size)).astype(np.int64)
+        x ^= np.right_shift(x, np.uint64(27), out=shifted)
+    x %= np.uint64(vocab_size)
+    return x.view(np.int64)  # < vocab_size: the same values as int64
 
 
 def mooncake_prompt(rec: TraceRecord, vocab_size: int = 32_000) -> list[int]:
