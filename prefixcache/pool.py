@@ -165,9 +165,13 @@ class PagePool:
 
     def _flag_freed(self, arr: PageIds) -> None:
         """Mark ``arr`` free; ValueError (nothing changed) on page 0, unknown, free or repeated ids."""
-        if arr.min() < 1 or arr.max() >= self.num_pages:
+        try:
+            already = self._is_free[arr]  # IndexError past the last page
+        except IndexError:
+            already = None
+        if already is None or arr.min() < 1:
             raise ValueError(f"page ids must lie in [1, {self.num_pages}), got {arr.min()}..{arr.max()}")
-        if self._is_free[arr].any() or self._has_repeats(arr):
+        if already.any() or self._has_repeats(arr):
             raise ValueError(f"double free of pages {arr[self._is_free[arr]].tolist()[:8]} (or repeated ids)")
         self._is_free[arr] = True
 
