@@ -95,9 +95,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: every node collected before each evict (O(cache size), as SGLang's leaf scan)": (
         "backends/radix/radix_cache.py",
-        "        evicted = 0\n        while evicted < num_tokens and self._leaves:",
-        "        evicted = 0\n        self.iter_nodes()\n"
-        "        while evicted < num_tokens and self._leaves:",
+        "        while evicted < num_tokens and self._leaves:\n            key, _, leaf = self._leaves[0]\n",
+        "        self.iter_nodes()\n"
+        "        while evicted < num_tokens and self._leaves:\n            key, _, leaf = self._leaves[0]\n",
     ),
     "hashchain: the free queue walked on every allocation (O(cache size))": (
         "backends/hashchain/eviction.py",
@@ -154,6 +154,11 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "prefixcache/request.py",
         "            out += self._early_output[max(start - p, 0) : end - p]\n",
         "            out += self._early_output[: end - p]\n",
+    ),
+    "request: the engine's known output put beside the prompt after the token list was built": (
+        "prefixcache/request.py",
+        "        (self._early_output if tokens is None else tokens).extend(token_ids)\n",
+        "        self._early_output.extend(token_ids)\n",
     ),
 }
 # A mutant of these files runs these suites instead of SUITES (the kernel's own tests).

@@ -9,9 +9,15 @@ SUITES = [
     "tests/test_engine.py::test_deferred_decode_steps_change_nothing_with_a_host_tier",
     "tests/test_engine.py::test_deferred_decoders_past_the_budget_wait_as_one_by_one",
     "tests/test_engine.py::test_num_tokens_now_is_the_length_stepping_one_by_one_gives",
+    "tests/test_radix_pool.py",
 ]
 
 MUTANTS = {
+    "batch: a radix eviction's frees placed in call order at page size > 1 (each call's block goes first)": (
+        "prefixcache/pool.py",
+        "            self._put(np.concatenate(runs[::-1]))\n",
+        "            self._put(arr)\n",
+    ),
     "engine: a deferred decoder's length read as it was when deferred (a router sees it stale)": (
         "prefixcache/engine.py",
         "        return req.num_tokens if deferred is None else "
