@@ -350,10 +350,12 @@ class RadixPrefixCache(RadixAdapter[_Live]):
             lo = min(start, prompt)
             self.tree.insert(key[:prompt], own[: prompt - lo], priority=1, hit_from=prompt, value_from=lo)
         duplicates = live.pages[start // p : cached // p]
-        match = self.tree.match_prefix(key, along=end, indices_from=start)
+        # Past ``cached`` the tree holds our own slots (just inserted): only the duplicates'
+        # slots are gathered.
+        match = self.tree.match_prefix(key, along=end, indices_from=start, indices_to=cached)
         assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"
         # Re-point at the tree's pages first; only then free our duplicate copies.
-        live.pages[start // p : aligned // p] = self._pages_of(match.indices)
+        live.pages[start // p : cached // p] = self._pages_of(match.indices)
         self.pool.free(duplicates)
         # SGLang unlocks the old node, then locks the new one; the old path is a prefix of the
         # new, so locking first ends in the same state without unindexing and re-indexing it.

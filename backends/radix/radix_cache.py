@@ -31,10 +31,10 @@ from prefixcache.eviction import (
 EMPTY_SLOTS: SlotArray = np.empty(0, dtype=np.int64)
 
 
-def _tail(value: SlotArray, end: int, start: int) -> SlotArray:
-    """The part from token ``start`` on of an edge's slots that end at token ``end``."""
-    skip = start - (end - len(value))
-    return value[skip:] if skip > 0 else value
+def _part(value: SlotArray, end: int, start: int, stop: int) -> SlotArray:
+    """The slots of tokens [start, stop) among an edge's slots that end at token ``end``."""
+    first = end - len(value)
+    return value[max(start - first, 0) : min(stop, end) - first]
 
 
 class MatchResult(NamedTuple):
@@ -111,7 +111,8 @@ class RadixCache:
 
     # ------------------------------------------------------------------ match / insert
     def match_prefix(
-        self, key: RadixKey, along: TreeNode | None = None, indices_from: int = 0
+        self, key: RadixKey, along: TreeNode | None = None, indices_from: int = 0,
+        indices_to: int | None = None,
     ) -> MatchResult:
         """Longest cached whole-page prefix of ``key``. Stamps access times on every visited
         node, splits a node where the match ends inside it; never locks, never counts a hit.
@@ -119,8 +120,9 @@ class RadixCache:
         along: a node the caller knows lies on ``key``'s path (its root-to-node tokens are a
         prefix of ``key``: a request's own locked node): the walk down to it follows parent
         links instead of comparing tokens, with the same stamps in the same order.
-        indices_from: the result's ``indices`` are the slots of tokens [indices_from, length)
-        only (a caller that holds the slots before it need not have them gathered again)."""
+        indices_from, indices_to: the result's ``indices`` are the slots of tokens
+        [indices_from, min(indices_to, length)) only (a caller that holds the other slots need
+        not have them gathered again)."""
         key, _ = key.maybe_to_bigram_view(self.is_eagle)
         key = key.page_aligned(self.page_size)
         if self.disable or len(key) == 0:
@@ -131,6 +133,7 @@ class RadixCache:
         values: list[SlotArray] = []
         pos = 0
         end = len(key)
+        stop = end if indices_to is None else min(indices_to, end)
         if along is not None:
             leaf_entry = self._leaf_entry
             for child in self._path_from_root(along):
@@ -140,8 +143,8 @@ class RadixCache:
                 value = child.value
                 assert value is not None
                 pos += len(value)  # a slot per token of its key
-                if pos > indices_from:
-                    values.append(_tail(value, pos, indices_from))
+                if pos > indices_from and pos - len(value) < stop:
+                    values.append(_part(value, pos, indices_from, stop))
             assert pos <= end, "along: the node's path is longer than the key"
             node = along
         while pos < end:
@@ -151,8 +154,8 @@ class RadixCache:
             child, n, diverged = step
             assert child.value is not None
             node, pos = child, pos + n
-            if pos > indices_from:
-                values.append(_tail(child.value, pos, indices_from))
+            if pos > indices_from and pos - n < stop:
+                values.append(_part(child.value, pos, indices_from, stop))
             if diverged:
                 break
         indices = np.concatenate(values) if values else EMPTY_SLOTS
