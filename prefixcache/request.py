@@ -79,6 +79,7 @@ class Request:
         "_prompt_tuple",
         "_num_prompt_tokens",
         "_make_prompt",
+        "_make_range",
         "planned_output_ids",
         "__weakref__",  # a backend may key its own per-request memo on the request, weakly
     )
@@ -100,6 +101,7 @@ class Request:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         self.request_id = request_id
         self._make_prompt: Callable[[], Sequence[int] | npt.NDArray[np.integer]] | None = None
+        self._make_range: Callable[[int, int], Sequence[int] | npt.NDArray[np.integer]] | None = None
         # Output tokens appended while the token list is not built (a deferred prompt, or one
         # kept as an array only): they join the list when it is built (``_tokens``).
         self._early_output: list[int] = []
@@ -144,12 +146,17 @@ class Request:
         request_id: str,
         num_prompt_tokens: int,
         make_prompt: Callable[[], Sequence[int] | npt.NDArray[np.integer]],
+        make_range: Callable[[int, int], Sequence[int] | npt.NDArray[np.integer]] | None = None,
         **kwargs: Any,
     ) -> Request:
         """A request whose prompt ``make_prompt()`` builds on first use of its tokens: a trace
         run keeps thousands of requests waiting, and only those a cache looks at need their
-        tokens (checked then, and against ``num_prompt_tokens``)."""
-        return cls(request_id, make_prompt, num_deferred_tokens=num_prompt_tokens, **kwargs)  # type: ignore[arg-type]
+        tokens (checked then, and against ``num_prompt_tokens``). ``make_range(start, end)``,
+        if given, makes the prompt's tokens [start, end) alone, so that reading a few of them
+        (``token_ids``: a hasher's block across the prompt's end) does not build it all."""
+        req = cls(request_id, make_prompt, num_deferred_tokens=num_prompt_tokens, **kwargs)  # type: ignore[arg-type]
+        req._make_range = make_range
+        return req
 
     def _set_prompt(self, prompt_token_ids: Sequence[int] | npt.NDArray[np.integer]) -> int:
         tokens = _check_token_ids(prompt_token_ids, "prompt_token_ids")
@@ -183,7 +190,7 @@ class Request:
                 f"request {self.request_id!r}: its deferred prompt has {n} tokens, "
                 f"{self._num_prompt_tokens} were announced"
             )
-        self._make_prompt = None
+        self._make_prompt = self._make_range = None
         if self._all_token_ids is not None:
             self._join_early_output(self._all_token_ids)
 
@@ -213,14 +220,20 @@ class Request:
         """``list(all_token_ids[start:end])`` (0 <= start), without building the whole token
         list while the prompt is an array alone: a hasher of decode blocks reads a few tokens
         past the prompt, and a list of a long prompt costs more than every block it hashes."""
-        if self._make_prompt is not None:
+        p = self._num_prompt_tokens
+        in_prompt = start < min(end, p)
+        if in_prompt and self._make_prompt is not None:  # (outputs alone need no prompt)
+            if self._make_range is not None:  # the range alone, the prompt still unbuilt
+                out = _check_token_ids(self._make_range(start, min(end, p)), "prompt_token_ids")
+                return out + self._early_output[: end - p] if end > p else out
             self._build_prompt()  # (kept as an array when it comes as one)
         tokens = self._all_token_ids
         if tokens is not None:
             return tokens[start:end]
-        assert self._prompt_array is not None  # no list yet: the outputs wait beside it
-        p = self._num_prompt_tokens
-        out: list[int] = self._prompt_array[start:end].tolist() if start < p else []
+        out: list[int] = []  # no list yet: the outputs wait beside the prompt
+        if in_prompt:
+            assert self._prompt_array is not None
+            out = self._prompt_array[start:end].tolist()
         if end > p:
             out += self._early_output[max(start - p, 0) : end - p]
         return out

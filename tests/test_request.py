@@ -106,9 +106,14 @@ def test_token_ids_reads_any_range_without_building_the_token_list_of_an_array_p
     import numpy as np
 
     prompt = [5, 6, 7, 8]
-    req = Request.deferred("d", 4, lambda: np.array(prompt, dtype=np.int64) if as_array else list(prompt))
+    built = []
+    req = Request.deferred(
+        "d", 4, lambda: built.append(1) or (np.array(prompt, dtype=np.int64) if as_array else list(prompt))
+    )
     req.append_output_token_ids([9, 10, 11])
     full = prompt + [9, 10, 11]
+    assert [req.token_ids(s, e) for s, e in [(4, 6), (5, 9), (2, 2), (7, 3)]] == [[9, 10], [10, 11], [], []]
+    assert not built, "a range past the prompt built the deferred prompt"
     ranges = [(s, e) for s in range(9) for e in range(9)]
     assert [req.token_ids(s, e) for s, e in ranges] == [full[s:e] for s, e in ranges]
     assert all(type(t) is int for t in req.token_ids(0, 9))
@@ -136,3 +141,17 @@ def test_known_output_appends_as_the_checked_append_does_before_and_after_the_li
         assert known.num_tokens == checked.num_tokens == 6
         assert known.token_ids(2, 6) == checked.token_ids(2, 6) == [3, 4, 5, 6]
         assert list(known.all_token_ids) == list(checked.all_token_ids) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_deferred_prompt_with_a_range_maker_is_read_by_range_and_checked() -> None:
+    """``Request.deferred(..., make_range)``: a range of the prompt comes from the range maker
+    (the prompt stays unbuilt), checked as a prompt is; building it later changes no range."""
+    prompt = list(range(10, 20))
+    req = Request.deferred("r", 10, lambda: list(prompt), lambda s, e: prompt[s:e])
+    req.append_output_token_ids([1, 2])
+    assert req.token_ids(8, 12) == [18, 19, 1, 2] and req.token_ids(0, 3) == [10, 11, 12]
+    assert req._make_prompt is not None, "a range read built the prompt"
+    assert list(req.all_token_ids) == prompt + [1, 2] and req.token_ids(8, 12) == [18, 19, 1, 2]
+    bad = Request.deferred("b", 3, lambda: [1, 2, 3], lambda s, e: [-1] * (e - s))
+    with pytest.raises(ValueError):
+        bad.token_ids(0, 2)

@@ -82,3 +82,20 @@ def test_shared_mooncake_traces_reproduce_the_published_infinite_cache_hit_rates
     conv = read_mooncake(root / "mooncake_conversation_trace.jsonl")
     assert len(conv) == 12031
     assert infinite_cache_block_hit_rate(conv) == pytest.approx(0.366, abs=0.001)
+
+
+def test_a_trace_prompt_range_reads_as_the_built_prompt_without_building_it() -> None:
+    """``token_ids`` of a trace request reads any range (inside the prompt, across its end into
+    the output, at block edges) as the built prompt gives it, and a range alone never builds
+    the prompt."""
+    rec = TraceRecord(0.0, 1300, 4, (7, 3, 11))  # three blocks, the last one partial
+    (req,) = to_requests([rec])
+    (built,) = to_requests([rec])
+    for r in (req, built):
+        r.append_output_token_ids([1, 2, 3])
+    full = list(built.all_token_ids)  # builds ``built``'s prompt
+    edges = [0, 1, 511, 512, 513, 1023, 1024, 1299, 1300, 1301, 1303]
+    ranges = [(s, e) for s in edges for e in edges if s <= e]
+    assert [req.token_ids(s, e) for s, e in ranges] == [full[s:e] for s, e in ranges]
+    assert req._make_prompt is not None, "a range read built the whole prompt"
+    assert list(req.all_token_ids) == full

@@ -185,6 +185,14 @@ def _mooncake_prompt_array(rec: TraceRecord, vocab_size: int) -> np.ndarray:
     return _blocks_tokens(rec.hash_ids, vocab_size)[: rec.input_length]
 
 
+def _mooncake_prompt_range(rec: TraceRecord, vocab_size: int, start: int, end: int) -> np.ndarray:
+    """Tokens [start, end) of ``_mooncake_prompt_array(rec)``, from the blocks they lie in."""
+    first = start // MOONCAKE_BLOCK
+    blocks = rec.hash_ids[first : -(-min(end, rec.input_length) // MOONCAKE_BLOCK)]
+    offset = first * MOONCAKE_BLOCK
+    return _blocks_tokens(blocks, vocab_size)[start - offset : min(end, rec.input_length) - offset]
+
+
 def hash_ids_of(prompts: Sequence[Sequence[int]], block: int = MOONCAKE_BLOCK) -> list[tuple[int, ...]]:
     """Mooncake-style ids for token prompts: a block's id is fixed by its whole prefix
     (chained), numbered in order of first appearance, the partial last block included."""
@@ -337,7 +345,8 @@ def iter_requests(
         if rec.hash_ids:
             # Built when a cache first reads it: a waiting request holds no tokens.
             make = partial(_mooncake_prompt_array, rec, vocab_size)
-            yield Request.deferred(f"{prefix}-{i}", rec.input_length, make, **kwargs)
+            make_range = partial(_mooncake_prompt_range, rec, vocab_size)
+            yield Request.deferred(f"{prefix}-{i}", rec.input_length, make, make_range, **kwargs)
         else:
             # Arrays, not lists: Request validates an int64 array in one pass and keeps it.
             prompt = rng.integers(0, vocab_size, rec.input_length, dtype=np.int64)
