@@ -24,17 +24,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
 from prefixcache.config import CacheConfig
+from prefixcache.invariants import ensure
+from prefixcache.pool import PageUsage
 from prefixcache.request import Request
-
-
-class InvariantError(AssertionError):
-    """``check_invariants`` found the cache's bookkeeping inconsistent."""
-
-
-def ensure(condition: bool, message: str) -> None:
-    """Raise InvariantError(message) unless condition holds (never stripped by ``-O``)."""
-    if not condition:
-        raise InvariantError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,19 +48,6 @@ class KVGroup:
     page_size: int
     num_pages: int
     layers: tuple[int, ...]
-
-
-class PageUsage(NamedTuple):
-    """Where the usable pages are; the three add up to ``PrefixCache.num_usable_pages()``.
-
-    free:      hold nothing reusable.
-    evictable: hold cached KV that no running request pins (reclaimable on demand).
-    in_use:    pinned by at least one running request.
-    """
-
-    free: int
-    evictable: int
-    in_use: int
 
 
 @dataclass(slots=True)
