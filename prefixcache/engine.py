@@ -107,6 +107,7 @@ class Engine:
         if model is not None and cache.host_tier is not None:
             raise ValueError("model mode has no host tier: its copies hold no tensors")
         self.cache = cache
+        self._chunking = cache.prefill_chunking
         self.scheduler = make_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
         self.token_budget = token_budget
         self.model = model
@@ -301,7 +302,7 @@ class Engine:
             start = req.num_computed_tokens
             n = min(req.num_tokens - start, budget)
             if req.request_id in self._in_prefill:  # a decode step is one token: nothing to cut
-                n = self.cache.prefill_chunk(req, start, n, budget)
+                n = self._chunking.chunk(req, start, n, budget)
             if n == 0:  # the cache wants this chunk to wait (an aligned end is out of reach)
                 i += 1
                 continue
@@ -353,7 +354,7 @@ class Engine:
             if match.pending:
                 continue  # its host copies are still being stored: retried next step
             start = match.tokens + match.host_tokens  # the chunk begins after the hit
-            n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget, match)
+            n = self._chunking.chunk(req, start, min(req.num_tokens - start, budget), budget, match)
             if n == 0:
                 break
             # vLLM's async load: the admission reserves only the hit (the loaded blocks); the

@@ -26,6 +26,7 @@ from typing import ClassVar, Generic, NamedTuple, TypeVar
 from prefixcache.config import CacheConfig
 from prefixcache.invariants import ensure
 from prefixcache.pool import PageUsage
+from prefixcache.prefill_chunking import TAKE_ALL, PrefillChunking
 from prefixcache.request import Request
 
 
@@ -463,6 +464,10 @@ class PrefixCache(ABC, Generic[S]):
         """
         return [self.page_table(req)]
 
+    # How much of a prefill the engine computes per step (``prefixcache.prefill_chunking``):
+    # all it offers, unless the backend's model needs aligned chunks (vLLM's Mamba "align").
+    prefill_chunking: PrefillChunking = TAKE_ALL
+
     def take_events(self) -> list[object]:
         """The KV events (``prefixcache.kv_events``: BlockStored, BlockRemoved,
         AllBlocksCleared, vLLM's schema) since the last call, for a cache made with
@@ -549,16 +554,6 @@ class PrefixCache(ABC, Generic[S]):
     @property
     def live_requests(self) -> list[Request]:
         return [live.request for live in self._live.values()]
-
-    def prefill_chunk(
-        self, req: Request, start: int, num_new_tokens: int, max_chunk: int, match: Match | None = None
-    ) -> int:
-        """How many of the ``num_new_tokens`` from token ``start`` on that a scheduler offers
-        ``req`` this step it should compute (``max_chunk``: the step's token limit; ``match``:
-        the admission's match, for a request not yet live); 0 means wait for a later step.
-        Default: all. vLLM's Mamba "align" mode ends prefill chunks on block
-        boundaries, because a recurrent state is cached only where a chunk ends."""
-        return num_new_tokens
 
     def whole_sequence_fits(self, req: Request, match: Match) -> bool:
         """Whether the pages ``req``'s whole sequence (``req.num_tokens``) needs beyond ``match``

@@ -21,6 +21,7 @@ from prefixcache.backends.hashchain.kv_cache_planning import (
     plan_kv_cache_groups,
     resolve_hash_block_size,
 )
+from prefixcache.backends.hashchain.mamba_chunking import MambaAlignedChunking
 from prefixcache.backends.hashchain.offload.tier import DelayedCachingKVCacheManager, HostTier
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import AttentionGroupSpec
 
@@ -258,7 +259,8 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         self.primary_group = groups.primary_group  # page_table's group
         self._kv_groups = groups.kv_groups()
         self.block_pool = self.manager.block_pool
-        self._has_mamba = "mamba" in groups.kinds  # prefill chunks end on block boundaries (prefill_chunk)
+        if "mamba" in groups.kinds:  # prefill chunks end on block boundaries
+            self.prefill_chunking = MambaAlignedChunking(self.page_size, self.manager)
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
         self.kv_events = self.block_pool.enable_kv_cache_events = kv_events
         # The host tier (vLLM 0.33's OffloadingConnector, offload/); None: exactly as without.
@@ -400,43 +402,6 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
 
     def _layout_note(self) -> str:
         return f" over {len(self.attention_groups)} attention groups"
-
-    def prefill_chunk(
-        self, req: Request, start: int, num_new_tokens: int, max_chunk: int, match: Match | None = None
-    ) -> int:
-        """vLLM 0.33's ``Scheduler._mamba_block_aligned_split`` for a model with a Mamba group
-        (a state is written where a chunk ends, and cached only at block boundaries):
-
-        - a chunk short of the prefill's end ends on a block boundary, unless that leaves
-          nothing and a block is wider than a step (then it advances sub-block);
-        - then it stops at the first mandatory position strictly inside it: the next boundary
-          if it starts mid-block; the last boundary a hit can resume at
-          (``get_mamba_prefill_checkpoint_position``: ``num_tokens - 1`` floored to a block);
-          the request's shared-prefix junction (found at its admission lookup), floored to a
-          block, as with ``enable_mamba_shared_prefix_checkpoint`` off (the default).
-
-        Not modelled: partial-block checkpoints (we have no partial Mamba hits) and EAGLE."""
-        if not self._has_mamba:
-            return num_new_tokens
-        B = self.page_size
-        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
-        end = start + num_new_tokens
-        if start >= prefill_end:
-            return num_new_tokens
-        if end < prefill_end:
-            aligned = end // B * B
-            if aligned > start or max_chunk >= B:
-                end = aligned
-        if isinstance(match, BlockMatch):
-            junction = match.shared_prefix_boundary
-        else:
-            junction = self.manager.shared_prefix_boundary.get(req.request_id, 0)
-        next_boundary = (start // B + 1) * B if start % B else 0
-        last_cache_position = max((req.num_tokens - 1) // B * B, 0)
-        junction_stop = start + (junction - start) // B * B if start < junction < end else 0
-        stops = (next_boundary, last_cache_position, junction_stop)
-        end = min((stop for stop in stops if start < stop < end), default=end)
-        return max(end - start, 0)
 
     def memory_in_use(self) -> int:
         """Blocks with a holder, each a page in every layer of its group (padding included, as
