@@ -45,7 +45,8 @@ PageIds = npt.NDArray[np.int64]
 
 
 class PageUsage(NamedTuple):
-    """Where the usable pages are; the three add up to ``PrefixCache.num_usable_pages()``.
+    """Where the usable pages are, of every cache's pool (``PrefixCache.usage``) and of a host
+    tier's (``HostTier.usage``); for a cache the three add up to ``num_usable_pages()``.
 
     free:      hold nothing reusable.
     evictable: hold cached KV that no running request pins (reclaimable on demand).

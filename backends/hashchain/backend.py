@@ -22,20 +22,19 @@ from prefixcache.backends.hashchain.kv_cache_planning import (
     resolve_hash_block_size,
 )
 from prefixcache.backends.hashchain.mamba_chunking import MambaAlignedChunking
-from prefixcache.backends.hashchain.offload.tier import DelayedCachingKVCacheManager, HostTier
+from prefixcache.backends.hashchain.offload.tier import DelayedCachingKVCacheManager, OffloadingTier
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import AttentionGroupSpec
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, PrefixCache, ensure
+from prefixcache.kv_event_sink import KVEventSink
 from prefixcache.request import Request
-from prefixcache.tiers import HostTierConfig
+from prefixcache.tiers import HostTier, HostTierConfig
 
 # vLLM 0.33's engine default (``CacheConfig.prefix_cache_retention_interval``, copied into the
 # KVCacheConfig by kv_cache_planning.py): sliding-window groups hash only the window tails a
 # hit can resume at. None is dense (the KVCacheConfig dataclass default, older vLLM).
 ENGINE_DEFAULT_RETENTION_INTERVAL = 0
-# vLLM 0.33 ``KVCacheSpecKind`` values, which BlockStored events carry.
-_EVENT_SPEC_KINDS = {"full": "full_attention", "sliding_window": "sliding_window", "mamba": "mamba"}
 
 
 def _check_switches(
@@ -187,7 +186,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
 
     kv_events:      False (default) or True: vLLM's ``enable_kv_cache_events``; the block pool
                     queues BlockStored / BlockRemoved / AllBlocksCleared where vLLM 0.33's does
-                    (block_pool.py) and ``take_events`` drains them (needs msgspec).
+                    (block_pool.py), drained by ``kv_events.take_events()`` (needs msgspec).
     host_tier:      a ``prefixcache.tiers.HostTierConfig``: vLLM 0.33's native CPU offloading
                     (OffloadingConnector + CPUOffloadingManager, offload/); dense layouts only.
                     None (default): no tier, the backend exactly as without one.
@@ -262,14 +261,13 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         if "mamba" in groups.kinds:  # prefill chunks end on block boundaries
             self.prefill_chunking = MambaAlignedChunking(self.page_size, self.manager)
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
-        self.kv_events = self.block_pool.enable_kv_cache_events = kv_events
+        self.block_pool.enable_kv_cache_events = kv_events
         # The host tier (vLLM 0.33's OffloadingConnector, offload/); None: exactly as without.
-        self.offload = None if host_tier is None else HostTier(
+        self.offload = None if host_tier is None else OffloadingTier(
             host_tier, self.manager, capacity_tokens=config.capacity_tokens, page_size=self.page_size,
-            hash_block_size=self.hash_block_size, stats=lambda: self.stats,
+            hash_block_size=self.hash_block_size, stats=lambda: self.stats, is_live=self.is_live,
             reserved_tokens=self.reserved_tokens, ack_delay=host_ack_delay,
         )  # fmt: skip
-        self.host_tier = host_tier
         # _extend_in_place: only one group without a tier has steps allocate_slots skips at once
         unitary = isinstance(self.manager.coordinator, UnitaryKVCacheCoordinator)
         self._steps_in_place = self.offload is None and unitary
@@ -373,9 +371,6 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         """publish="commit": cache the request's full blocks with computed KV."""
         self.manager.cache_blocks(req, req.num_computed_tokens)
 
-    def host_load_pending(self, req: Request) -> bool:
-        return self.offload is not None and self.is_live(req) and self.offload.load_pending(req)
-
     def _release(self, req: Request, state: KVCacheBlocks) -> None:
         if self._prefill_end is not None:
             del self._prefill_end[req.request_id]
@@ -423,32 +418,17 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         if self.offload is not None:
             self.offload.reset()
 
-    # ---------------------------------------------------------------- host tier (offload/)
-    load_overlapped = False  # vLLM loads asynchronously: compute starts a step later
+    # ---------------------------------------------------------------- what it is given
+    @property
+    def host_tier(self) -> HostTier | None:
+        """The offloading tier (offload/), None without one."""
+        return self.offload
 
-    def host_usage(self) -> PageUsage | None:
-        return None if self.offload is None else self.offload.usage()
-
-    def num_host_pages(self) -> int:
-        return 0 if self.offload is None else self.offload.num_pages()
-
-    def advance_transfers(self) -> None:
-        if self.offload is not None:
-            self.offload.advance()
-
-    def tier_metrics(self) -> dict[str, int]:
-        return {} if self.offload is None else self.offload.metrics()
-
-    def take_events(self) -> list[object]:
-        """The pool's KV events since the last call, each BlockStored annotated with its
-        group's spec kind and window as vLLM 0.33's ``KVCacheManager.take_events`` does."""
-        events = self.block_pool.take_events()
-        for event in events:
-            if type(event).__name__ == "BlockStored":
-                spec = self.attention_groups[event.group_idx]
-                event.kv_cache_spec_kind = _EVENT_SPEC_KINDS[spec.kind]
-                event.kv_cache_spec_sliding_window = spec.sliding_window
-        return events
+    @property
+    def kv_events(self) -> KVEventSink | None:
+        """The manager, whose ``take_events`` vLLM's engine drains (vLLM 0.33 annotates each
+        BlockStored with its group's spec there); None with events off."""
+        return self.manager if self.block_pool.enable_kv_cache_events else None
 
     # ---------------------------------------------------------------- vLLM extras
     def evict_blocks(self, block_ids: set[int]) -> int:

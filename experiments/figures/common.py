@@ -339,15 +339,15 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
             summary.update(host_hits=st.host_hits, host_hit_rate=st.host_hit_rate,
                            loaded_tokens=st.loaded_tokens, stored_tokens=st.stored_tokens,
                            host_evicted_tokens=st.host_evicted_tokens, load_wait_s=engine.load_wait_s,
-                           **{f"tier_{k}": v for k, v in cache.tier_metrics().items()})
+                           **{f"tier_{k}": v for k, v in cache.host_tier.metrics().items()})
     stats = cache.stats
     ran = df[~df["rejected"]]
     # The cheap part of check_invariants (the full check costs seconds on a 1M-token pool and
     # is the property tests' job): every usable page is accounted for.
     if sum(cache.usage()) != cache.num_usable_pages():
         raise RuntimeError(f"{cell_name(config)}: page accounting broken after the run: {cache.usage()}")
-    host = cache.host_usage()
-    if host is not None and sum(host) != cache.num_host_pages():
+    tier = cache.host_tier
+    if tier is not None and sum(host := tier.usage()) != tier.num_pages():
         raise RuntimeError(f"{cell_name(config)}: host page accounting broken after the run: {host}")
     summary.update(
         requests=int(len(df)), rejected=int(df["rejected"].sum()), queries=stats.queries,
