@@ -142,7 +142,7 @@ def simulate(
         st = cache.stats
         summary.update(host_hit_rate=st.host_hit_rate, loaded_tokens=st.loaded_tokens,
                        stored_tokens=st.stored_tokens, host_evicted_tokens=st.host_evicted_tokens,
-                       load_wait_s=engine.load_wait_s, **cache.tier_metrics())
+                       load_wait_s=engine.load_wait_s, **cache.host_tier.metrics())
     summary.update(index_memory(cache) if index_memory_bytes else dict.fromkeys(INDEX_MEMORY_KEYS))
     if (
         isinstance(requests, list) and summary["prompt_tokens"] <= 200_000

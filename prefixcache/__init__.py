@@ -7,13 +7,13 @@ from prefixcache.engine import Engine
 from prefixcache.eviction import load_policy_spec, register_policy
 from prefixcache.interface import (
     CacheStats,
-    InvariantError,
     KVGroup,
     LiveRequest,
     Match,
     PageUsage,
     PrefixCache,
 )
+from prefixcache.invariants import InvariantError
 from prefixcache.layout import PRESETS as LAYOUT_PRESETS
 from prefixcache.layout import LayerSpec, ModelLayout
 from prefixcache.records import RequestRecord

@@ -30,11 +30,11 @@ one (tests/test_engine.py checks it on every built-in workload, with tiers and w
 
 A host tier (``PrefixCache.host_tier``, ``prefixcache.tiers``) adds loads at admission: the
 tokens a match's ``host_tokens`` covers cross ``host_link`` one load after another. SGLang loads
-them in the same forward, layer by layer (``load_overlapped``): the step lasts as long as its
+them in the same forward, layer by layer (``HostTier.load_overlapped``): the step lasts as long as its
 compute or its loads, whichever ends later. vLLM loads asynchronously: the admission reserves
 only the hit (``allocate(req, 0, match)``: the loaded blocks), the request computes nothing
 until its load is done, and its first chunk is allocated from the next step on. Each step begins with
-``cache.advance_transfers()`` (stores acknowledged); a match still ``pending`` on a store is
+``host_tier.advance_transfers()`` (stores acknowledged); a match still ``pending`` on a store is
 skipped and retried, as vLLM's scheduler retries a lookup that returned None.
 
 Each run takes fresh requests: a Request object carries its run (outputs, counters), so one
@@ -107,6 +107,8 @@ class Engine:
         if model is not None and cache.host_tier is not None:
             raise ValueError("model mode has no host tier: its copies hold no tensors")
         self.cache = cache
+        self._host_tier = cache.host_tier  # None: no tier, and no call to one
+        self._chunking = cache.prefill_chunking
         self.scheduler = make_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
         self.token_budget = token_budget
         self.model = model
@@ -243,11 +245,13 @@ class Engine:
 
     def _run_to_the_end(self, bar: Any) -> None:
         idle = 0
+        tier = self._host_tier
         self._read_arrivals()
         bar.update(self.num_finished)
         while self.has_unfinished():
             before = self.num_finished
-            busy = (self._decode_stretch() or self.step()) > 0 or self.cache.transfers_in_flight()
+            computed = self._decode_stretch() or self.step()
+            busy = computed > 0 or (tier is not None and tier.transfers_in_flight())
             idle = 0 if busy else idle + 1
             if idle > 2:
                 raise RuntimeError(f"engine made no progress at step {self.step_count}: {self.waiting!r}")
@@ -266,7 +270,8 @@ class Engine:
         if not self.running and not self.waiting and next_arrival is not None:
             self.clock = max(self.clock, next_arrival)  # idle: jump to the next arrival
             self._move_arrivals()
-        self.cache.advance_transfers()
+        if self._host_tier is not None:
+            self._host_tier.advance_transfers()
         self._overlapped_load_end = self.clock
         budget = self.token_budget
         scheduled: list[tuple[Request, int]] = []
@@ -301,7 +306,7 @@ class Engine:
             start = req.num_computed_tokens
             n = min(req.num_tokens - start, budget)
             if req.request_id in self._in_prefill:  # a decode step is one token: nothing to cut
-                n = self.cache.prefill_chunk(req, start, n, budget)
+                n = self._chunking.chunk(req, start, n, budget)
             if n == 0:  # the cache wants this chunk to wait (an aligned end is out of reach)
                 i += 1
                 continue
@@ -327,7 +332,7 @@ class Engine:
         if not scheduled and not num_deferred:
             if self._loading:  # only loads in flight: wait for the first to land
                 self.clock = max(self.clock, min(self._loading.values()))
-            elif self.cache.transfers_in_flight():  # a scheduler pass that waits on the tier
+            elif self._host_tier is not None and self._host_tier.transfers_in_flight():  # waits on the tier
                 self.clock += self.cost_model.step_overhead_s
             return 0
         self._execute(scheduled, num_deferred)
@@ -341,6 +346,7 @@ class Engine:
         # from its front): nothing below changes it before _remove_waiting.
         plan = self.scheduler.schedule(self.waiting, self._lookup)
         admitted: set[str] = set()
+        tier = self._host_tier
         for req in plan.order:
             if budget <= 0 or len(self.running) >= self.max_num_seqs:
                 break
@@ -353,12 +359,12 @@ class Engine:
             if match.pending:
                 continue  # its host copies are still being stored: retried next step
             start = match.tokens + match.host_tokens  # the chunk begins after the hit
-            n = self.cache.prefill_chunk(req, start, min(req.num_tokens - start, budget), budget, match)
+            n = self._chunking.chunk(req, start, min(req.num_tokens - start, budget), budget, match)
             if n == 0:
                 break
             # vLLM's async load: the admission reserves only the hit (the loaded blocks); the
             # chunk is allocated at the request's first step after the load, as any running one.
-            loads_later = match.host_tokens > 0 and not self.cache.load_overlapped
+            loads_later = match.host_tokens > 0 and tier is not None and not tier.load_overlapped
             if self.scheduler_reserve_full_isl and not self.cache.whole_sequence_fits(req, match):
                 break
             if not self._allocate(req, 0 if loads_later else n, match):
@@ -370,7 +376,7 @@ class Engine:
             self.running.append(req)
             self._in_prefill.add(req.request_id)
             admitted.add(req.request_id)
-            loaded = self.cache.loaded_tokens(req)
+            loaded = tier.loaded_tokens(req) if tier is not None else 0
             if loaded and not self._start_load(req, loaded):
                 continue  # async: it computes once the load is done, from a later step
             scheduled.append((req, n))
@@ -553,11 +559,12 @@ class Engine:
 
     def _move_arrivals(self) -> None:
         self._read_arrivals()
-        if self.cache.host_tier is None:
+        tier = self._host_tier
+        if tier is None:
             self.waiting.extend(self.arrivals.pop_arrived(self.clock))
             return
         for req in self.arrivals.pop_arrived(self.clock):
-            self.cache.enqueue(req)  # SGLang starts its L3 prefetch as a request is queued
+            tier.enqueue(req)  # SGLang starts its L3 prefetch as a request is queued
             self.waiting.append(req)
 
     def _decode_run(self, start: int, budget: int) -> list[Request]:
@@ -623,7 +630,8 @@ class Engine:
         anyway (a same-forward load), False if it waits for the load (vLLM's async one)."""
         start = max(self._link_free_at, self.clock)
         self._link_free_at = done = start + self.host_link.transfer_time(num_tokens)
-        if self.cache.load_overlapped:
+        tier = self._host_tier
+        if tier is None or tier.load_overlapped:
             self._overlapped_load_end = max(self._overlapped_load_end, done)
             return True
         self._loading[req.request_id] = done

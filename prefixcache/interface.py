@@ -24,17 +24,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
 from prefixcache.config import CacheConfig
+from prefixcache.invariants import ensure
+from prefixcache.kv_event_sink import KVEventSink
+from prefixcache.pool import PageUsage
+from prefixcache.prefill_chunking import TAKE_ALL, PrefillChunking
 from prefixcache.request import Request
-
-
-class InvariantError(AssertionError):
-    """``check_invariants`` found the cache's bookkeeping inconsistent."""
-
-
-def ensure(condition: bool, message: str) -> None:
-    """Raise InvariantError(message) unless condition holds (never stripped by ``-O``)."""
-    if not condition:
-        raise InvariantError(message)
+from prefixcache.tiers import HostTier
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,19 +51,6 @@ class KVGroup:
     page_size: int
     num_pages: int
     layers: tuple[int, ...]
-
-
-class PageUsage(NamedTuple):
-    """Where the usable pages are; the three add up to ``PrefixCache.num_usable_pages()``.
-
-    free:      hold nothing reusable.
-    evictable: hold cached KV that no running request pins (reclaimable on demand).
-    in_use:    pinned by at least one running request.
-    """
-
-    free: int
-    evictable: int
-    in_use: int
 
 
 @dataclass(slots=True)
@@ -186,7 +168,6 @@ class LiveRequest(Generic[S]):
     request: Request
     reserved: int
     state: S
-    loaded: int = 0  # tokens the admission loaded from the host tier
     computed: int = 0  # num_computed_tokens at admission or as handed to commit: never goes back
 
 
@@ -247,12 +228,12 @@ class PrefixCache(ABC, Generic[S]):
         silently; computing past the room is refused at ``commit`` instead, loudly.
 
         ``num_new_tokens`` may be 0 on the first call only when the match's host hit loads
-        asynchronously (``host_tokens`` and not ``load_overlapped``): the admission then
+        asynchronously (``host_tokens`` and not ``host_tier.load_overlapped``): the admission then
         reserves just the hit, as vLLM's scheduler calls ``allocate_slots`` with
         ``num_new_tokens=0`` for a request whose external tokens load asynchronously; its next
         ``allocate`` reserves what it computes. A caller that does reserve new tokens at such
         an admission (vLLM never does) must compute them in the step its load is acknowledged
-        (``host_load_pending`` turns False): hashchain publishes the reserved blocks then.
+        (``host_tier.load_pending`` turns False): hashchain publishes the reserved blocks then.
 
         Later calls extend the reservation to ``num_computed_tokens + num_new_tokens`` (a no-op
         if it is already that large) and take no match. Evicts unpinned cache entries if
@@ -289,13 +270,15 @@ class PrefixCache(ABC, Generic[S]):
             told, match = match, self._current(req, match)
         if match.pending:
             raise ValueError(f"the match of {req.request_id!r} is pending (its host copies are being stored)")
-        if num_new_tokens == 0 and not (match.host_tokens and not self.load_overlapped):
-            how = "no host tokens" if not match.host_tokens else "a host hit loaded in the same forward"
-            raise ValueError(
-                f"num_new_tokens must be >= 1, got 0 (allocate of {req.request_id!r}: only an "
-                f"admission whose host hit loads asynchronously, vLLM's, reserves just its hit; "
-                f"this match has {how})"
-            )
+        if num_new_tokens == 0:
+            tier = self.host_tier
+            if not (match.host_tokens and tier is not None and not tier.load_overlapped):
+                how = "no host tokens" if not match.host_tokens else "a host hit loaded in the same forward"
+                raise ValueError(
+                    f"num_new_tokens must be >= 1, got 0 (allocate of {req.request_id!r}: only an "
+                    f"admission whose host hit loads asynchronously, vLLM's, reserves just its hit; "
+                    f"this match has {how})"
+                )
         hit = match.tokens + match.host_tokens
         total = min(hit + num_new_tokens, req.num_tokens)
         # "Never fits in the pool" first: it is about the request, whatever the hit adds.
@@ -309,7 +292,7 @@ class PrefixCache(ABC, Generic[S]):
             return False
         req.num_computed_tokens = hit
         self.stats.record(req, match.tokens, match.host_tokens)
-        self._live[req.request_id] = LiveRequest(req, total, state, match.host_tokens, hit)
+        self._live[req.request_id] = LiveRequest(req, total, state, hit)
         return True
 
     def allocate_batch(self, reqs: Sequence[Request], num_new_tokens: int = 1) -> BatchAllocation:
@@ -484,59 +467,24 @@ class PrefixCache(ABC, Generic[S]):
         """
         return [self.page_table(req)]
 
-    def take_events(self) -> list[object]:
-        """The KV events (``prefixcache.kv_events``: BlockStored, BlockRemoved,
-        AllBlocksCleared, vLLM's schema) since the last call, for a cache made with
-        ``kv_events=True`` (vLLM's ``enable_kv_cache_events``); what vLLM's engine drains from
-        its block pool each step. Backends that emit override it."""
-        raise NotImplementedError(f"the {self.name} backend emits no KV events")
-
-    # ---------------------------------------------------------------- host tier
-    # A backend made with ``host_tier=`` sets ``host_tier`` and overrides these; without one
-    # the defaults say "no tier" and the engine takes the device-only path.
-    host_tier: object | None = None
-    load_overlapped: ClassVar[bool] = True  # SGLang: in the same forward; vLLM: async, a step later
-
-    def loaded_tokens(self, req: Request) -> int:
-        """Tokens the live ``req``'s admission loaded from the host tier (0 if not live)."""
-        live = self._record_of(req)
-        return live.loaded if live is not None else 0
-
-    def host_load_pending(self, req: Request) -> bool:
-        """Whether the live ``req``'s load from the host tier is still unacknowledged: vLLM's
-        request waits (WAITING_FOR_REMOTE_KVS) and its loaded blocks are cached only once the
-        connector reports the load finished (``advance_transfers``). False without a tier, for
-        a request that loaded nothing or is not live, and where loads finish in the admitting
-        forward (SGLang's)."""
-        return False
-
-    def host_usage(self) -> PageUsage | None:
-        """Where the host tier's pages are (free / evictable / in use: held by a transfer in
-        flight or, where the design pins them, by a request); None without a tier."""
+    # ---------------------------------------------------------------- what a cache is given
+    # Extensions attach as objects, as vLLM's scheduler is given a KV connector; the engine
+    # reads each once. Without them a cache is exactly the request lifecycle above.
+    @property
+    def host_tier(self) -> HostTier | None:
+        """The host-memory tier under the device pool (``prefixcache.tiers.HostTier``), for a
+        cache made with ``host_tier=``; None without one."""
         return None
 
-    def num_host_pages(self) -> int:
-        """Pages ``host_usage`` accounts for (0 without a tier)."""
-        return 0
+    @property
+    def kv_events(self) -> KVEventSink | None:
+        """Where the cache queues vLLM's KV events (``prefixcache.kv_event_sink``), for a cache
+        made with ``kv_events=True`` (vLLM's ``enable_kv_cache_events``); None with events off."""
+        return None
 
-    def enqueue(self, req: Request) -> None:
-        """``req`` joined the waiting queue (SGLang starts an L3 prefetch here). No-op by
-        default; changes nothing a lookup would see until a later ``advance_transfers``."""
-
-    def transfers_in_flight(self) -> bool:
-        """Whether a copy between tiers is still under way (a step with nothing to compute is
-        then waiting, not stuck). False by default."""
-        return False
-
-    def advance_transfers(self) -> None:
-        """An engine step has passed: stores started in earlier steps complete (and become
-        visible to lookups, as each design acknowledges them). Called by the engine at the
-        start of every step; no-op without a tier."""
-
-    def tier_metrics(self) -> dict[str, int]:
-        """The tier's counters under the design's own names (vLLM's
-        ``external_prefix_cache_*``, SGLang's ``cached_tokens{cache_source}``); empty without."""
-        return {}
+    # How much of a prefill the engine computes per step (``prefixcache.prefill_chunking``):
+    # all it offers, unless the backend's model needs aligned chunks (vLLM's Mamba "align").
+    prefill_chunking: PrefillChunking = TAKE_ALL
 
     def evict(self, num_tokens: int) -> int:
         """Drop unpinned cached KV of at least ``num_tokens`` tokens if there is that much.
@@ -571,16 +519,6 @@ class PrefixCache(ABC, Generic[S]):
     def live_requests(self) -> list[Request]:
         return [live.request for live in self._live.values()]
 
-    def prefill_chunk(
-        self, req: Request, start: int, num_new_tokens: int, max_chunk: int, match: Match | None = None
-    ) -> int:
-        """How many of the ``num_new_tokens`` from token ``start`` on that a scheduler offers
-        ``req`` this step it should compute (``max_chunk``: the step's token limit; ``match``:
-        the admission's match, for a request not yet live); 0 means wait for a later step.
-        Default: all. vLLM's Mamba "align" mode ends prefill chunks on block
-        boundaries, because a recurrent state is cached only where a chunk ends."""
-        return num_new_tokens
-
     def whole_sequence_fits(self, req: Request, match: Match) -> bool:
         """Whether the pages ``req``'s whole sequence (``req.num_tokens``) needs beyond ``match``
         are free now: vLLM's admission gate under ``scheduler_reserve_full_isl`` (an engine
@@ -609,11 +547,6 @@ class PrefixCache(ABC, Generic[S]):
         ensure(min(u) >= 0, f"negative page count in {u}")
         usable = self.num_usable_pages()
         ensure(sum(u) == usable, f"pages free + evictable + in use = {sum(u)} != {usable} usable")
-        host = self.host_usage()
-        if host is not None:
-            ensure(min(host) >= 0, f"negative host page count in {host}")
-            ensure(sum(host) == self.num_host_pages(),
-                   f"host pages free + evictable + in use = {sum(host)} != {self.num_host_pages()}")
         for rid, live in self._live.items():
             req = live.request
             ensure(rid == req.request_id, f"live entry {rid!r} holds request {req.request_id!r}")

@@ -36,11 +36,26 @@ queue (vLLM's ``FreeKVCacheBlockQueue``) over the same id space and size.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 PageIds = npt.NDArray[np.int64]
+
+
+class PageUsage(NamedTuple):
+    """Where the usable pages are, of every cache's pool (``PrefixCache.usage``) and of a host
+    tier's (``HostTier.usage``); for a cache the three add up to ``num_usable_pages()``.
+
+    free:      hold nothing reusable.
+    evictable: hold cached KV that no running request pins (reclaimable on demand).
+    in_use:    pinned by at least one running request.
+    """
+
+    free: int
+    evictable: int
+    in_use: int
 
 
 class PagePool:

@@ -1,4 +1,5 @@
-"""A host-memory (CPU) tier under the device pool: its configuration and its link.
+"""A host-memory (CPU) tier under the device pool: its configuration, the object a cache is
+given for it (``HostTier``), and its link.
 
 Both designs keep copies of device KV in host memory and load them back on a hit, but they
 key, store and load differently (REFERENCE-tiers.md): vLLM's OffloadingConnector stores
@@ -7,13 +8,22 @@ them asynchronously (compute starts a step later); SGLang's HiCache backs up rad
 on a hit-count threshold or at eviction, and loads them at admission, overlapped layer by
 layer with the same forward pass. One ``HostTierConfig`` describes either; a field left None
 takes the design's own default, and a field the design has no use for must stay None.
+
+A cache made with a tier exposes it as ``PrefixCache.host_tier`` (None without one), as vLLM's
+scheduler is given a KV connector: the engine reads it once and calls it only when it exists,
+so a cache without a tier pays nothing for the option.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 from prefixcache.config import check_positive_int
+from prefixcache.invariants import ensure
+from prefixcache.pool import PageUsage
+from prefixcache.request import Request
 
 HASHCHAIN_EVICTION_POLICIES = ("lru", "arc")  # vLLM kv_offload CPU managers
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")  # SGLang HiCache
@@ -114,6 +124,80 @@ class HostTierConfig:
         given = [n for n in names if getattr(self, n) is not None]
         if given:
             raise ValueError(f"the {design} host tier has no {', '.join(given)} (another design's option)")
+
+
+class HostTier(ABC):
+    """A cache's host tier (hashchain: vLLM's offloading connector, offload/; radix: SGLang's
+    HiCache, hicache_tier.py). Its hits show in the cache's matches (``Match.host_tokens``,
+    ``pending``); these are what the engine asks of it beside the request lifecycle.
+
+    It remembers what each live request's admission loaded (``loaded_tokens``): the backend
+    calls ``admitted`` as an admission succeeds and ``released`` as the request is released.
+    """
+
+    load_overlapped: ClassVar[bool]  # SGLang: in the same forward; vLLM: async, a step later
+
+    def __init__(self, config: HostTierConfig) -> None:
+        self.config = config
+        self._loaded: dict[str, int] = {}  # request id -> tokens its admission loaded (if any)
+
+    def loaded_tokens(self, req: Request) -> int:
+        """Tokens the live ``req``'s admission loaded from the host tier (0 if not live)."""
+        return self._loaded.get(req.request_id, 0)
+
+    def admitted(self, req: Request, loaded: int) -> None:
+        """``req`` is live, its admission having loaded ``loaded`` tokens from this tier."""
+        if loaded:
+            self._loaded[req.request_id] = loaded
+
+    def released(self, req: Request) -> None:
+        """``req`` is no longer live."""
+        self._loaded.pop(req.request_id, None)
+
+    def load_pending(self, req: Request) -> bool:
+        """Whether the live ``req``'s load from the host tier is still unacknowledged: vLLM's
+        request waits (WAITING_FOR_REMOTE_KVS) and its loaded blocks are cached only once the
+        connector reports the load finished (``advance_transfers``). False for a request that
+        loaded nothing or is not live, and where loads finish in the admitting forward
+        (SGLang's, the default)."""
+        return False
+
+    @abstractmethod
+    def usage(self) -> PageUsage:
+        """Where the tier's pages are (free / evictable / in use: held by a transfer in flight
+        or, where the design pins them, by a request)."""
+
+    @abstractmethod
+    def num_pages(self) -> int:
+        """Pages ``usage`` accounts for."""
+
+    def enqueue(self, req: Request) -> None:  # noqa: B027 (a no-op by default, not abstract)
+        """``req`` joined the waiting queue (SGLang starts an L3 prefetch here). No-op by
+        default; changes nothing a lookup would see until a later ``advance_transfers``."""
+
+    def transfers_in_flight(self) -> bool:
+        """Whether a copy between tiers is still under way (a step with nothing to compute is
+        then waiting, not stuck). False by default."""
+        return False
+
+    @abstractmethod
+    def advance_transfers(self) -> None:
+        """An engine step has passed: stores started in earlier steps complete (and become
+        visible to lookups, as each design acknowledges them). The engine calls it at the start
+        of every step."""
+
+    @abstractmethod
+    def metrics(self) -> dict[str, int]:
+        """The tier's counters under the design's own names (vLLM's
+        ``external_prefix_cache_*``, SGLang's ``cached_tokens{cache_source}``)."""
+
+    def check_usage(self) -> None:
+        """Raise InvariantError unless ``usage`` adds up (the backends' ``check_invariants``
+        call it, then check their own bookkeeping)."""
+        host = self.usage()
+        ensure(min(host) >= 0, f"negative host page count in {host}")
+        ensure(sum(host) == self.num_pages(),
+               f"host pages free + evictable + in use = {sum(host)} != {self.num_pages()}")
 
 
 # Llama-3-8B: 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes (REFERENCE-tiers.md section 6).

@@ -87,8 +87,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        reserved =",
     ),
     "fidelity: a host load is never pending (its acknowledgement not observable)": (
-        "backends/hashchain/backend.py",
-        "        return self.offload is not None and self.is_live(req) and self.offload.load_pending(req)\n",
+        T,
+        "        return self.is_live(req) and self.connector.load_in_flight(req.request_id)\n",
         "        return False\n",
     ),
 }

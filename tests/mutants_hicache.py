@@ -95,8 +95,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         '        if self.policy == "best_effort":\n            return True',
         '        if self.policy == "best_effort":\n            return False',
     ),
-    "hicache L3: prefetch buffers are not counted in host_usage": (
-        "backends/radix/hicache_backend.py",
+    "hicache L3: prefetch buffers are not counted in the host tier's usage": (
+        "backends/radix/hicache_tier.py",
         "            buffers = len(self.storage.buffer_pages())",
         "            buffers = 0",
     ),

@@ -342,14 +342,14 @@ class HostTierLifecycle(Lifecycle):
     failed call leaves the host pages as they were too."""
 
     def more_state(self) -> tuple:
-        return (self.cache.host_usage(),)
+        return (self.cache.host_tier.usage(),)
 
     def hit_of(self, match: Match) -> int:
         return match.tokens + match.host_tokens
 
     def check_hit(self, req: Request, match: Match, what: str) -> None:
         """A hit from host hands back that prefix's KV too."""
-        assert self.cache.loaded_tokens(req) == match.host_tokens
+        assert self.cache.host_tier.loaded_tokens(req) == match.host_tokens
         if match.host_tokens:
             self.count("host hits")
         super().check_hit(req, match, f"{what} (host part {match.host_tokens})")

@@ -57,7 +57,7 @@ class TierLoadEvents:
         """The events since the last call, replayed into the multiset and the index."""
         if not self.kv_events:
             return []
-        events = self.cache.take_events()
+        events = self.cache.kv_events.take_events()
         self.event_model.apply(events)
         self.event_index.apply(0, self.event_batches, events)
         self.event_batches += 1

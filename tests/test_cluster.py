@@ -144,9 +144,14 @@ def test_kv_events_reach_the_router_late_by_the_lag_and_lost_batches_leave_seque
 
     from prefixcache.cluster.routers.simple import RoundRobin
 
-    class Ticking(RadixPrefixCache):  # one event per step: the delivery is what is tested
+    class TickingSink:  # one event per step: the delivery is what is tested
         def take_events(self) -> list:
             return [ev.AllBlocksCleared()]
+
+    class Ticking(RadixPrefixCache):
+        @property
+        def kv_events(self) -> TickingSink:
+            return TickingSink()
 
     class Recorder(RoundRobin):
         def __init__(self, n: int) -> None:

@@ -8,7 +8,7 @@ from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, Block
 from prefixcache.backends.hashchain.hashing import BlockHash, make_block_hash_with_group_id
 
 from prefixcache import CacheConfig, Request, make_cache
-from prefixcache.interface import InvariantError
+from prefixcache.invariants import InvariantError
 from tests.helpers import keyed
 
 

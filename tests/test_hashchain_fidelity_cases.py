@@ -146,7 +146,7 @@ def _replay_events(scenario: dict[str, Any]) -> list[dict[str, Any]]:
             cache.commit(reqs[rid])
         elif kind == "release" and cache.is_live(reqs[rid]):
             cache.release(reqs[rid])
-        rec["events"] = [event_json(e) for e in cache.take_events()]
+        rec["events"] = [event_json(e) for e in cache.kv_events.take_events()]
         records.append(rec)
     return records
 
@@ -198,7 +198,7 @@ def test_async_load_admission_hook_takes_only_the_loaded_blocks() -> None:
         cache.commit(req)
         cache.release(req)
         for _ in range(2):
-            cache.advance_transfers()  # Y's store built, then acknowledged
+            cache.host_tier.advance_transfers()  # Y's store built, then acknowledged
         if rid == "Y":
             pool = cache.block_pool
             cache.evict_blocks({b.block_id for b in pool.blocks[1:] if b.block_hash is not None})
@@ -241,7 +241,7 @@ def test_partial_tail_evicted_in_use_is_keyed_again_as_the_blocks_hash(vllm_hash
         cache.commit(req)
         cache.check_invariants()
         return [(e["type"], e["group_idx"], e.get("token_ids"), e["block_hashes"])
-                for e in map(event_json, cache.take_events())]  # fmt: skip
+                for e in map(event_json, cache.kv_events.take_events())]  # fmt: skip
 
     assert [e[:3] for e in step(7)] == [("BlockStored", 0, [1, 2, 3, 4]), ("BlockStored", 1, [1, 2, 3, 4])]
     decoded = step(8)
@@ -253,7 +253,7 @@ def test_partial_tail_evicted_in_use_is_keyed_again_as_the_blocks_hash(vllm_hash
     held = {b for table in cache.page_tables(req) for b in table}
     assert held == {1, 2, 3, 4}
     cache.evict_blocks(held)
-    removed = [(e["group_idx"], e["block_hashes"]) for e in map(event_json, cache.take_events())]
+    removed = [(e["group_idx"], e["block_hashes"]) for e in map(event_json, cache.kv_events.take_events())]
     assert removed == [
         (0, [18066133607483025848]), (0, [1269044598831534363]),
         (1, [18066133607483025848]), (1, [1269044598831534363]), (1, partial),

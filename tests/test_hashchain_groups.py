@@ -22,7 +22,7 @@ from prefixcache.backends.hashchain.single_type_kv_cache_manager import (
 )
 
 from prefixcache import Request
-from prefixcache.interface import InvariantError
+from prefixcache.invariants import InvariantError
 from tests.helpers import checked, keyed, run_to_completion, tokens
 
 B = 4

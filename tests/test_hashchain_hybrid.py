@@ -401,15 +401,15 @@ def test_mamba_prefill_chunks_end_on_block_boundaries_as_vllms_align_scheduler()
     B = cache.page_size
     assert B == 528
     req = Request("m", list(range(1, 3001)))
-    assert cache.prefill_chunk(req, 0, 2048, 2048) == 3 * B  # 2048 -> 1584
-    assert cache.prefill_chunk(req, 0, 512, 512) == 512  # no boundary within reach, block > step
-    assert cache.prefill_chunk(req, 512, 512, 512) == B - 512  # re-align at 528
-    assert cache.prefill_chunk(req, 2500, 500, 2048) == 5 * B - 2500  # mid-block: to the boundary
-    assert cache.prefill_chunk(req, 5 * B, 3000 - 5 * B, 2048) == 3000 - 5 * B  # the last chunk
-    assert cache.prefill_chunk(req, 2 * B, 3000 - 2 * B, 4096) == 3 * B  # stops at the last boundary
-    assert cache.prefill_chunk(req, 0, 400, 600) == 0  # the boundary is one step away: wait
+    assert cache.prefill_chunking.chunk(req, 0, 2048, 2048) == 3 * B  # 2048 -> 1584
+    assert cache.prefill_chunking.chunk(req, 0, 512, 512) == 512  # no boundary within reach, block > step
+    assert cache.prefill_chunking.chunk(req, 512, 512, 512) == B - 512  # re-align at 528
+    assert cache.prefill_chunking.chunk(req, 2500, 500, 2048) == 5 * B - 2500  # mid-block: to the boundary
+    assert cache.prefill_chunking.chunk(req, 5 * B, 3000 - 5 * B, 2048) == 3000 - 5 * B  # the last chunk
+    assert cache.prefill_chunking.chunk(req, 2 * B, 3000 - 2 * B, 4096) == 3 * B  # stops at the last boundary
+    assert cache.prefill_chunking.chunk(req, 0, 400, 600) == 0  # the boundary is one step away: wait
     dense = make_cache("hashchain", CacheConfig(1 << 16, 16))
-    assert dense.prefill_chunk(req, 0, 1000, 1000) == 1000
+    assert dense.prefill_chunking.chunk(req, 0, 1000, 1000) == 1000
 
     # Through the engine: every prefill chunk that stops short of the prompt ends on a block
     # boundary (or advances sub-block when no boundary is in reach), so the state the second

@@ -93,7 +93,7 @@ def test_scenario_8_lru_evicts_a_request_tail_first_vllm_0_33() -> None:
 def test_scenario_9_full_prompt_hit_vllm_0_33() -> None:
     """A 1024-token prompt on the host, GPU 0: vLLM's external hit is 1024 (counted so in
     external_prefix_cache_hits), after the load 1023 count as computed: we load 1023
-    (``host_tokens``) and report vLLM's 1024 in tier_metrics."""
+    (``host_tokens``) and report vLLM's 1024 in the tier's metrics."""
     ours = _replay("scenario_9")
     assert _admission(ours, "B")[2:4] == [0, 1024]
     assert ours["metrics"]["external_prefix_cache_hits"] == 1024
@@ -106,14 +106,15 @@ def test_scenario_9_full_prompt_hit_vllm_0_33() -> None:
     cache.commit(a)
     cache.release(a)
     for _ in range(3):
-        cache.advance_transfers()
+        cache.host_tier.advance_transfers()
     cache.evict(10**6)
     b = Request("b", prompt)
     m = cache.lookup(b)
     assert (m.tokens, m.host_tokens, m.external_tokens) == (0, 1023, 1024)
     assert cache.allocate(b, 1, m)
-    assert b.num_computed_tokens == 1023 and cache.loaded_tokens(b) == 1023
-    assert cache.tier_metrics() == {"external_prefix_cache_queries": 2048, "external_prefix_cache_hits": 1024}
+    assert b.num_computed_tokens == 1023 and cache.host_tier.loaded_tokens(b) == 1023
+    metrics = cache.host_tier.metrics()
+    assert metrics == {"external_prefix_cache_queries": 2048, "external_prefix_cache_hits": 1024}
     assert cache.stats.host_hits == 1023 and cache.stats.hits == 0
 
 
@@ -125,14 +126,14 @@ def test_a_pending_match_cannot_be_allocated_and_the_engine_retries_it() -> None
     a.num_computed_tokens = 69
     cache.commit(a)
     cache.release(a)
-    cache.advance_transfers()  # the store is built (submitted): in flight
+    cache.host_tier.advance_transfers()  # the store is built (submitted): in flight
     cache.evict(10**6)
     b = Request("b", list(range(1, 70)))
     m = cache.lookup(b)
     assert m.pending and m.host_tokens == 0
     with pytest.raises(ValueError, match="pending"):
         cache.allocate(b, 1, m)
-    cache.advance_transfers()  # acknowledged
+    cache.host_tier.advance_transfers()  # acknowledged
     m = cache.lookup(b)
     assert not m.pending and m.host_tokens == 64
 
@@ -140,7 +141,7 @@ def test_a_pending_match_cannot_be_allocated_and_the_engine_retries_it() -> None
 def test_host_usage_adds_up_and_counts_stores_and_evictions() -> None:
     cfg = CacheConfig(capacity_tokens=16 * 64, page_size=16)
     cache = make_cache("hashchain", cfg, host_tier=HostTierConfig(block_size=16, capacity_tokens=48))
-    assert cache.num_host_pages() == 3 and tuple(cache.host_usage()) == (3, 0, 0)
+    assert cache.host_tier.num_pages() == 3 and tuple(cache.host_tier.usage()) == (3, 0, 0)
 
     def run(rid: str, tokens: list[int]) -> None:
         r = Request(rid, tokens)
@@ -150,16 +151,16 @@ def test_host_usage_adds_up_and_counts_stores_and_evictions() -> None:
         r.num_computed_tokens = len(tokens)
         cache.commit(r)
         cache.release(r)
-        cache.advance_transfers()
+        cache.host_tier.advance_transfers()
 
     run("big", list(range(1, 66)))  # 4 chunks offered, 3 free and nothing evictable
-    assert tuple(cache.host_usage()) == (3, 0, 0) and cache.stats.stored_tokens == 0  # dropped whole
+    assert tuple(cache.host_tier.usage()) == (3, 0, 0) and cache.stats.stored_tokens == 0  # dropped whole
     run("a", list(range(1, 50)))  # 3 chunks
-    assert tuple(cache.host_usage()) == (0, 0, 3) and cache.stats.stored_tokens == 48  # in flight
-    cache.advance_transfers()
-    assert tuple(cache.host_usage()) == (0, 3, 0)
+    assert tuple(cache.host_tier.usage()) == (0, 0, 3) and cache.stats.stored_tokens == 48  # in flight
+    cache.host_tier.advance_transfers()
+    assert tuple(cache.host_tier.usage()) == (0, 3, 0)
     run("b", list(range(500, 533)))  # 2 new chunks evict a's 2 tail chunks
-    assert cache.stats.host_evicted_tokens == 32 and tuple(cache.host_usage()) == (0, 1, 2)
+    assert cache.stats.host_evicted_tokens == 32 and tuple(cache.host_tier.usage()) == (0, 1, 2)
     cache.check_invariants()
 
 
@@ -177,7 +178,7 @@ def test_offload_prompt_only_stores_no_decode_block_by_default() -> None:
             assert cache.allocate(r, 1)
             r.num_computed_tokens += 1
             cache.commit(r)
-            cache.advance_transfers()
+            cache.host_tier.advance_transfers()
         assert cache.stats.stored_tokens == stored, prompt_only
 
 
@@ -190,9 +191,9 @@ def test_decode_steps_are_never_skipped_while_a_transfer_is_in_flight() -> None:
     cache.commit(r)
     r.append_output_token_ids([7])
     assert cache.decode_steps_in_place(r) == 0  # its stores are not built yet
-    cache.advance_transfers()
+    cache.host_tier.advance_transfers()
     assert cache.decode_steps_in_place(r) == 0  # in flight
-    cache.advance_transfers()
+    cache.host_tier.advance_transfers()
     assert cache.decode_steps_in_place(r) > 0
 
 
@@ -209,14 +210,13 @@ def test_engine_runs_a_host_tier_and_loads_start_a_step_later() -> None:
     engine.run()
     assert engine.num_finished == 8
     assert cache.stats.host_hits > 0 and cache.stats.loaded_tokens == cache.stats.host_hits
-    assert cache.tier_metrics()["external_prefix_cache_hits"] >= cache.stats.host_hits
-    assert cache.load_overlapped is False
+    assert cache.host_tier.metrics()["external_prefix_cache_hits"] >= cache.stats.host_hits
+    assert cache.host_tier.load_overlapped is False
 
 
 def test_no_host_tier_leaves_the_backend_without_one() -> None:
     cache = make_cache("hashchain", CacheConfig(capacity_tokens=256, page_size=16))
-    assert cache.host_tier is None and cache.host_usage() is None and cache.tier_metrics() == {}
-    assert cache.num_host_pages() == 0
+    assert cache.host_tier is None and cache.offload is None
 
 
 @pytest.mark.parametrize(
@@ -271,7 +271,7 @@ def _run(cache, rid: str, tokens: list[int], release: bool = True) -> Request:  
 
 def _steps(cache, n: int = 3) -> None:  # type: ignore[no-untyped-def]
     for _ in range(n):
-        cache.advance_transfers()
+        cache.host_tier.advance_transfers()
 
 
 def test_lookup_stops_at_the_first_missing_chunk() -> None:
@@ -282,7 +282,7 @@ def test_lookup_stops_at_the_first_missing_chunk() -> None:
     _steps(cache)
     cache.evict(16)  # the device drops a's tail block only
     e = _run(cache, "e", a + [500])  # GPU 48, loads chunk 3: only it is used again
-    assert cache.loaded_tokens(e) == 0 and cache.stats.host_hits == 16
+    assert cache.host_tier.loaded_tokens(e) == 0 and cache.stats.host_hits == 16
     _steps(cache)
     _run(cache, "f", list(range(900, 917)))  # one new chunk evicts the oldest: chunk 2
     _steps(cache)
@@ -336,10 +336,10 @@ def test_blocks_being_loaded_are_not_hit_and_their_chunks_defer_other_lookups() 
     cache.evict(10**6)
     x = Request("x", a + [5])
     m = cache.lookup(x)
-    assert cache.allocate(x, 2, m) and cache.loaded_tokens(x) == 48  # loading: nothing computed yet
+    assert cache.allocate(x, 2, m) and cache.host_tier.loaded_tokens(x) == 48  # loading: nothing computed yet
     m = cache.lookup(Request("y", a + [6]))
     assert m.pending and m.tokens == 0
-    cache.advance_transfers()  # the load is acknowledged: its blocks are cached now
+    cache.host_tier.advance_transfers()  # the load is acknowledged: its blocks are cached now
     m = cache.lookup(Request("y", a + [6]))
     assert not m.pending and m.tokens == 48
 
@@ -348,14 +348,14 @@ def test_a_match_taken_before_the_host_changed_is_revalidated() -> None:
     cache = _tier_cache(host_chunks=8)
     a = list(range(1, 50))
     _run(cache, "a", a)
-    cache.advance_transfers()  # the store is submitted, not acknowledged
+    cache.host_tier.advance_transfers()  # the store is submitted, not acknowledged
     cache.evict(10**6)
     b = Request("b", a + [9])
     m = cache.lookup(b)
     assert m.pending
-    cache.advance_transfers()  # acknowledged: only the host changed
+    cache.host_tier.advance_transfers()  # acknowledged: only the host changed
     assert cache.allocate(b, 2, m)  # revalidated, not refused as pending
-    assert cache.loaded_tokens(b) == 48
+    assert cache.host_tier.loaded_tokens(b) == 48
 
 
 def test_scenario_10_lmcache_chunk_arithmetic() -> None:
@@ -377,7 +377,7 @@ def test_scenario_10_lmcache_chunk_arithmetic() -> None:
     b = Request("b", prompt)
     m = cache.lookup(b)
     assert (m.tokens, m.host_tokens) == (512, 256)  # chunk 2 loaded; chunk 3 was never stored
-    assert cache.allocate(b, 1000 - 768, m) and cache.loaded_tokens(b) == 256
+    assert cache.allocate(b, 1000 - 768, m) and cache.host_tier.loaded_tokens(b) == 256
     b.num_computed_tokens = 1000
     cache.commit(b)
     cache.release(b)
@@ -412,24 +412,24 @@ def test_a_host_load_is_pending_until_the_connector_reports_it(ack_delay: int) -
     b = Request("b", prompt)
     m = cache.lookup(b)
     assert (m.tokens, m.host_tokens, m.external_tokens, m.shared_prefix_boundary) == (0, 128, 128, 0)
-    assert not cache.host_load_pending(b)  # not live yet
+    assert not cache.host_tier.load_pending(b)  # not live yet
     assert cache.allocate(b, 0, m)
     steps = 0
-    while cache.host_load_pending(b) and steps <= 10:  # (bounded: a load never acked fails)
+    while cache.host_tier.load_pending(b) and steps <= 10:  # (bounded: a load never acked fails)
         assert cache.lookup(Request("c", prompt)).tokens == 0  # loaded blocks not cached yet
-        cache.advance_transfers()
+        cache.host_tier.advance_transfers()
         steps += 1
     assert steps == 1 + ack_delay
     assert cache.lookup(Request("c", prompt)).tokens == 128
     cache.release(b)
-    assert not cache.host_load_pending(b)
+    assert not cache.host_tier.load_pending(b)
 
 
-def test_without_a_tier_no_load_is_pending_and_the_match_has_no_host_part() -> None:
+def test_without_a_tier_there_is_no_tier_and_the_match_has_no_host_part() -> None:
     for backend in ("hashchain", "radix"):
         cache = make_cache(backend, CacheConfig(1024, 16))
         r = Request("r", list(range(1, 40)))
         m = cache.lookup(r)
         assert (m.host_tokens, m.external_tokens, m.shared_prefix_boundary) == (0, 0, 0)
         assert cache.allocate(r, 39, m)
-        assert not cache.host_load_pending(r)
+        assert cache.host_tier is None

@@ -102,7 +102,7 @@ def replay(cache: PrefixCache[Any], scenario: dict[str, Any]) -> list[dict[str, 
             rec["ok"] = cache.reset()
         else:
             raise ValueError(f"no op {kind!r}")
-        rec["events"] = cache.take_events()
+        rec["events"] = cache.kv_events.take_events()
         records.append(rec)
     return records
 
@@ -156,7 +156,7 @@ def test_events_are_off_by_default_and_the_option_is_checked() -> None:
     cache = make_cache("hashchain", CacheConfig(64, 4))
     req = Request("a", list(range(9)))
     cache.allocate(req, 9, cache.lookup(req))
-    assert cache.take_events() == []
+    assert cache.kv_events is None and cache.manager.take_events() == []
     with pytest.raises(ValueError, match="kv_events"):
         make_cache("hashchain", CacheConfig(64, 4), kv_events=1)
 
@@ -174,7 +174,7 @@ def test_radix_emits_sglangs_event_stream(path: Path) -> None:
     cache = make_cache(
         "radix", CacheConfig(scenario["capacity_tokens"], scenario["page_size"]), kv_events=True
     )
-    first = cache.take_events()  # the construction's reset, which SGLang's first drain holds too
+    first = cache.kv_events.take_events()  # the construction's reset, which SGLang's first drain holds too
     ours = replay(cache, scenario)
     ours[0]["events"] = first + ours[0]["events"]
     diff = first_difference(ours, fixture["records"], ("ok", "hit"), drop=("cache_salt",))
@@ -187,7 +187,7 @@ def test_radix_events_are_off_by_default_and_refused_with_eagle() -> None:
     cache.allocate(req, 9, cache.lookup(req))
     req.num_computed_tokens = 9
     cache.commit(req)
-    assert cache.take_events() == []
+    assert cache.kv_events is None and cache.tree.events is None
     with pytest.raises(ValueError, match="kv_events"):
         make_cache("radix", CacheConfig(64, 1), kv_events="yes")
     with pytest.raises(ValueError, match="is_eagle"):
@@ -293,8 +293,10 @@ def run_ops(cache: PrefixCache[Any], ops: list[tuple[Any, ...]]) -> Iterator[lis
     """Drive ``cache`` (admit / prefill in chunks / commit / decode / release / evict / reset)
     and yield the events drained after every step."""
     live: list[Request] = []
+    tier = cache.host_tier
     for i, op in enumerate(ops):
-        cache.advance_transfers()  # an engine step (a tier's copies of earlier steps ack)
+        if tier is not None:  # an engine step (a tier's copies of earlier steps ack)
+            tier.advance_transfers()
         if op[0] == "new" and len(live) < 4:
             prefix, cut, extra, salted = op[1:]
             req = Request(
@@ -321,10 +323,10 @@ def run_ops(cache: PrefixCache[Any], ops: list[tuple[Any, ...]]) -> Iterator[lis
             cache.evict(op[1])
         elif op[0] == "reset":
             cache.reset()  # refused while a request is live
-        yield cache.take_events()
+        yield cache.kv_events.take_events()
     for req in live:
         cache.release(req)
-        yield cache.take_events()
+        yield cache.kv_events.take_events()
 
 
 def full_group(cache: PrefixCache[Any]) -> int | None:
@@ -350,7 +352,7 @@ def test_events_replayed_after_every_step_hold_exactly_the_cached_blocks(
     page = cache.page_size
     group = full_group(cache)
     index = BlockIndex(1, block_size=page)
-    model.apply(cache.take_events())
+    model.apply(cache.kv_events.take_events())
     for seq, events in enumerate(run_ops(cache, ops)):
         model.apply(events)
         index.apply(0, seq, events)
@@ -374,7 +376,7 @@ def test_lost_batches_leave_gaps_that_the_subscriber_reports(
     gaps, index = kv_events.SequenceGaps(), BlockIndex(1, block_size=cache.page_size)
     dropped: list[int] = []
     seq = 0
-    for events in [cache.take_events(), *run_ops(cache, ops)]:
+    for events in [cache.kv_events.take_events(), *run_ops(cache, ops)]:
         if not events:
             continue
         if rng.random() < 0.3:
@@ -440,13 +442,13 @@ def test_block_index_counts_the_copies_of_a_block_vllm_caches_twice() -> None:
     steps: list[list[Any]] = []
     for req in (a, b):
         assert cache.allocate(req, 32 - cache.lookup(req).tokens, cache.lookup(req))
-        steps.append(cache.take_events())
+        steps.append(cache.kv_events.take_events())
     cache.release(a)
     cache.release(b)
     # the free queue: the never-cached block, then a's last block, b's copy of it, block 0
     other = Request("c", list(range(100, 132)))  # takes the first two: one copy is reused
     assert cache.allocate(other, 32, cache.lookup(other))
-    steps.append(cache.take_events())
+    steps.append(cache.kv_events.take_events())
     removed = [e for e in steps[-1] if type(e).__name__ == "BlockRemoved"]
     assert len(removed) == 1
     index.apply(0, 0, steps[0] + steps[1])
@@ -473,7 +475,7 @@ def test_hashchain_publishes_hash_bytes_with_vllms_int_hashes_off() -> None:
     cache.block_pool.int_block_hashes = False
     req = Request("a", list(range(9)))
     cache.allocate(req, 9, cache.lookup(req))
-    (stored,) = cache.take_events()
+    (stored,) = cache.kv_events.take_events()
     key = cache.block_pool.cached_block_hash_to_block.get_one_block
     assert [len(h) for h in stored.block_hashes] == [32, 32]
     assert all(key(h + bytes(4)) is not None for h in stored.block_hashes)  # group 0's keys

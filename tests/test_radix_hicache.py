@@ -44,7 +44,7 @@ def serve(cache: Checked, req: Request, num_output: int = 1, *, ack: bool = True
             cache.commit(req)
     cache.release(req)
     if ack:
-        cache.advance_transfers()
+        cache.host_tier.advance_transfers()
     return m.tokens, m.host_tokens
 
 
@@ -73,9 +73,9 @@ def test_scenario_1_write_through_backup_survives_device_eviction() -> None:
     m = cache.lookup(b)
     assert (m.tokens, m.host_tokens) == (0, 1000)
     assert cache.allocate(b, 10, m)
-    assert b.num_computed_tokens == 1000 and cache.loaded_tokens(b) == 1000
+    assert b.num_computed_tokens == 1000 and cache.host_tier.loaded_tokens(b) == 1000
     assert cache.stats.host_hits == 1000 and cache.stats.loaded_tokens == 1000
-    assert cache.tier_metrics() == {"cached_tokens_device": 0, "cached_tokens_host": 1000}
+    assert cache.host_tier.metrics() == {"cached_tokens_device": 0, "cached_tokens_host": 1000}
     a_node = next(n for n in nodes(cache) if n.key.token_ids[0] == a[0])
     assert state(a_node) == "device+host"
     assert cache.page_table(b)[:1000] == a_node.value.tolist()  # type: ignore[union-attr]
@@ -123,7 +123,7 @@ def test_scenario_3_small_host_hit_is_recomputed() -> None:
     m = cache.lookup(b)
     assert (m.tokens, m.host_hit_length, m.host_tokens) == (500, 8, 0)
     assert cache.allocate(b, b.num_tokens - 500, m)
-    assert b.num_computed_tokens == 500 and cache.loaded_tokens(b) == 0
+    assert b.num_computed_tokens == 500 and cache.host_tier.loaded_tokens(b) == 0
     mine = cache.page_table(b)[500:508]
     b.num_computed_tokens = b.num_tokens
     cache.commit(b)
@@ -177,11 +177,11 @@ def test_scenario_4_page_alignment(evicted: bool) -> None:
 def test_write_through_lock_is_held_until_the_ack() -> None:
     cache = hicache(1200)
     serve(cache, Request("a", tokens(100, 1)), ack=False)
-    assert cache.host_usage().in_use == 100  # the copy in flight
+    assert cache.host_tier.usage().in_use == 100  # the copy in flight
     assert cache.usage().evictable == 0 and cache.evict(1000) == 0
     assert cache.decode_steps_in_place(Request("z", [1, 2])) == 0
-    cache.advance_transfers()
-    assert cache.host_usage() == (2399 - 100, 100, 0)
+    cache.host_tier.advance_transfers()
+    assert cache.host_tier.usage() == (2399 - 100, 100, 0)
     assert cache.evict(1000) == 100
     assert [state(n) for n in nodes(cache)] == ["host"]
 
@@ -195,9 +195,9 @@ def test_a_load_pins_its_nodes_until_the_next_steps_ack() -> None:
     cache.evict(1000)
     b = Request("b", list(a))
     assert serve(cache, b, ack=False) == (0, 396)  # 399 looked up: 99 whole pages
-    assert cache.usage().in_use == 99 and cache.host_usage().in_use == 99
-    cache.advance_transfers()
-    assert cache.usage().in_use == 0 and cache.host_usage().in_use == 0
+    assert cache.usage().in_use == 99 and cache.host_tier.usage().in_use == 99
+    cache.host_tier.advance_transfers()
+    assert cache.usage().in_use == 0 and cache.host_tier.usage().in_use == 0
 
 
 def test_write_back_copies_only_at_device_eviction() -> None:
@@ -283,9 +283,9 @@ def test_load_back_is_all_or_nothing() -> None:
     b = Request("b", a + tokens(10, 3))
     m = cache.lookup(b)
     assert m.host_tokens == 200
-    before = (cache.usage(), cache.host_usage(), [state(n) for n in nodes(cache)])
+    before = (cache.usage(), cache.host_tier.usage(), [state(n) for n in nodes(cache)])
     assert not cache.allocate(b, 10, m)
-    assert (cache.usage(), cache.host_usage(), [state(n) for n in nodes(cache)]) == before
+    assert (cache.usage(), cache.host_tier.usage(), [state(n) for n in nodes(cache)]) == before
     assert not cache.is_live(b)
 
 
@@ -295,13 +295,13 @@ def test_default_tier_sizes_and_fields() -> None:
     assert hicache(64 * 40, page_size=64, capacity_tokens=3000).cache.host_size == 47 * 64
     cache = hicache(1200)
     assert cache.cache.write_policy == "write_through" and cache.cache.load_back_threshold == 10
-    assert cache.host_tier == HostTierConfig() and cache.load_overlapped is True
-    assert cache.num_host_pages() == 2399
+    assert cache.host_tier.config == HostTierConfig() and cache.host_tier.load_overlapped is True
+    assert cache.host_tier.num_pages() == 2399
 
 
 def test_no_tier_is_the_plain_radix_cache() -> None:
     cache = make_cache("radix", CacheConfig(64, 4), host_tier=None)
-    assert type(cache) is RadixPrefixCache and cache.host_tier is None and cache.host_usage() is None
+    assert type(cache) is RadixPrefixCache and cache.host_tier is None
 
 
 # ---------------------------------------------------------------------------- bad values
@@ -354,5 +354,5 @@ def test_engine_runs_the_radix_host_tier_with_loads_in_the_same_forward(policy: 
     engine.run()
     assert engine.num_finished == 12
     assert cache.stats.host_hits > 0 and cache.stats.loaded_tokens == cache.stats.host_hits
-    assert cache.tier_metrics()["cached_tokens_host"] == cache.stats.loaded_tokens
-    assert cache.host_usage().in_use == 0 and cache.load_overlapped is True
+    assert cache.host_tier.metrics()["cached_tokens_host"] == cache.stats.loaded_tokens
+    assert cache.host_tier.usage().in_use == 0 and cache.host_tier.load_overlapped is True

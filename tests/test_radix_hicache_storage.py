@@ -44,7 +44,7 @@ def l3cache(capacity: int = 2000, page_size: int = 1, **tier: object) -> Checked
 
 def step(cache: Checked, n: int = 1) -> None:
     for _ in range(n):
-        cache.advance_transfers()
+        cache.host_tier.advance_transfers()
         cache.check_invariants()
 
 
@@ -74,19 +74,19 @@ def test_scenario_5_l3_threshold_and_prefetch_policies(policy: str) -> None:
     small = sharing(filled_l3(200), prefetch_policy=policy)
     req = Request("b", list(PROMPT))
     if policy == "best_effort":
-        small.enqueue(req)
+        small.host_tier.enqueue(req)
     else:
         assert small.lookup(req).pending  # the hit query is in flight
     step(small)  # the query drains: 200 < 256
     assert small.storage.revoked == 1 and not small.storage.ops
     m = small.lookup(req)
     assert (m.pending, m.tokens, m.host_tokens) == (False, 0, 0)
-    assert small.host_usage().in_use == 0
+    assert small.host_tier.usage().in_use == 0
 
     cache = sharing(filled_l3(512), prefetch_policy=policy)
     req = Request("b", list(PROMPT))
     if policy == "best_effort":
-        cache.enqueue(req)  # enqueued: the scheduler reaches it 3 steps later
+        cache.host_tier.enqueue(req)  # enqueued: the scheduler reaches it 3 steps later
         step(cache, 3)  # drain, then 2 x 128 pages
         m = cache.lookup(req)  # admission: best_effort stops the prefetch here
         assert (m.pending, m.tokens, m.host_tokens) == (False, 0, 256)
@@ -104,14 +104,14 @@ def test_scenario_5_l3_threshold_and_prefetch_policies(policy: str) -> None:
         assert (m.pending, m.tokens, m.host_tokens) == (False, 0, 512)
     loaded = m.host_tokens
     assert cache.allocate(req, req.num_tokens - loaded, m)
-    assert req.num_computed_tokens == loaded and cache.loaded_tokens(req) == loaded
-    assert cache.tier_metrics()["prefetched_tokens"] == loaded
-    assert cache.tier_metrics()["cached_tokens_host"] == loaded
+    assert req.num_computed_tokens == loaded and cache.host_tier.loaded_tokens(req) == loaded
+    assert cache.host_tier.metrics()["prefetched_tokens"] == loaded
+    assert cache.host_tier.metrics()["cached_tokens_host"] == loaded
     host_only = [n for n in nodes(cache) if len(n.key) == loaded]
     assert [state(n) for n in host_only] == ["device+host"]  # became host-only, then loaded
     assert cache.storage.occupied == 0 and not cache.storage.ops
     step(cache)
-    assert cache.host_usage().in_use == 0  # no prefetch slot leaked
+    assert cache.host_tier.usage().in_use == 0  # no prefetch slot leaked
 
 
 # ---------------------------------------------------------------------------- keys
@@ -145,14 +145,14 @@ def test_l3_is_written_after_the_host_copy_acks_and_pinned_until_its_own_ack() -
     serve(cache, Request("a", PROMPT[:300]), ack=False)
     assert len(cache.storage.store) == 0  # the host copy is still in flight
     step(cache)
-    assert len(cache.storage.store) == 300 and cache.tier_metrics()["backuped_tokens"] == 300
-    assert cache.host_usage().in_use == 300  # pinned for the storage write
+    assert len(cache.storage.store) == 300 and cache.host_tier.metrics()["backuped_tokens"] == 300
+    assert cache.host_tier.usage().in_use == 300  # pinned for the storage write
     assert cache.evict(5000) == 300  # device eviction may demote it ...
     assert cache.cache.hitree.evict_host(300) == 0  # ... but host eviction may not drop it
     step(cache)
-    assert cache.host_usage().in_use == 0
+    assert cache.host_tier.usage().in_use == 0
     serve(cache, Request("a2", PROMPT[:400]))
-    assert len(cache.storage.store) == 400 and cache.tier_metrics()["backuped_tokens"] == 400
+    assert len(cache.storage.store) == 400 and cache.host_tier.metrics()["backuped_tokens"] == 400
 
 
 def test_write_back_never_writes_l3() -> None:
@@ -256,11 +256,11 @@ def test_prefetched_pages_take_host_slots_and_evict_host_copies() -> None:
     assert cache.lookup(req).pending
     step(cache)  # drain: 999 wanted, 401 free -> x's copy goes -> 601 taken
     assert cache.stats.host_evicted_tokens == 200
-    assert cache.host_usage() == (0, 0, 601)
+    assert cache.host_tier.usage() == (0, 0, 601)
     while cache.lookup(req).pending:
         step(cache)
     m = cache.lookup(req)
-    assert m.host_tokens == 601 and cache.host_usage().in_use == 0
+    assert m.host_tokens == 601 and cache.host_tier.usage().in_use == 0
 
 
 def test_a_finished_prefetch_keeps_only_pages_the_tree_lacks() -> None:
@@ -269,7 +269,7 @@ def test_a_finished_prefetch_keeps_only_pages_the_tree_lacks() -> None:
     writer = filled_l3(600)
     cache = sharing(writer, prefetch_policy="best_effort")
     req = Request("b", list(PROMPT))
-    cache.enqueue(req)
+    cache.host_tier.enqueue(req)
     step(cache, 3)  # drain + 256 arrived
     serve(cache, Request("a", PROMPT[:100]), ack=False)  # the tree holds 100 of them now
     m = cache.lookup(req)
@@ -277,8 +277,8 @@ def test_a_finished_prefetch_keeps_only_pages_the_tree_lacks() -> None:
     host_only = [n for n in nodes(cache) if state(n) == "host"]
     assert [len(n.key) for n in host_only] == [156]
     step(cache, 2)  # a's host copy acks, then its storage write
-    assert cache.host_usage().in_use == 0
-    assert cache.host_usage().evictable == 100 + 156  # a's copy + the fetched tail
+    assert cache.host_tier.usage().in_use == 0
+    assert cache.host_tier.usage().evictable == 100 + 156  # a's copy + the fetched tail
 
 
 def test_no_prefetch_for_a_live_request_and_reset_drops_everything() -> None:
@@ -287,9 +287,9 @@ def test_no_prefetch_for_a_live_request_and_reset_drops_everything() -> None:
     req = Request("b", list(PROMPT))
     assert cache.lookup(req).pending
     step(cache)
-    assert cache.host_usage().in_use == 600  # the prefetch buffer
+    assert cache.host_tier.usage().in_use == 600  # the prefetch buffer
     assert cache.reset()
-    assert cache.host_usage() == (cache.num_host_pages(), 0, 0) and not cache.storage.ops
+    assert cache.host_tier.usage() == (cache.host_tier.num_pages(), 0, 0) and not cache.storage.ops
 
 
 def test_defaults_and_bad_values() -> None:
@@ -299,7 +299,7 @@ def test_defaults_and_bad_values() -> None:
     assert DEFAULT_PREFETCH_POLICY == "timeout" and DEFAULT_STORAGE_PAGES_PER_STEP == 128
     assert l3cache(page_size=512, capacity=4096).storage.threshold == 512  # max(threshold, page)
     plain = make_cache("radix", CacheConfig(64, 1), host_tier=HostTierConfig())
-    assert plain.storage is None and "prefetched_tokens" not in plain.tier_metrics()
+    assert plain.storage is None and "prefetched_tokens" not in plain.host_tier.metrics()
     with pytest.raises(ValueError, match="set storage=True"):
         HostTierConfig(prefetch_policy="timeout")
     with pytest.raises(ValueError, match="unknown prefetch_policy"):
@@ -332,10 +332,10 @@ def test_engine_runs_with_l3_and_the_default_timeout_policy() -> None:
     rec = engine.records["r"]
     waited = -(-999 // 64)  # batches of pages, one a step, before the admission
     assert rec.admission_time == pytest.approx(waited * engine.cost_model.step_overhead_s)
-    assert cache.stats.host_hits == 999 and cache.tier_metrics()["prefetched_tokens"] == 999
-    cache.advance_transfers()  # the finished request's new leaf: its host copy acks,
-    cache.advance_transfers()  # then its storage write
-    assert cache.host_usage().in_use == 0
+    assert cache.stats.host_hits == 999 and cache.host_tier.metrics()["prefetched_tokens"] == 999
+    cache.host_tier.advance_transfers()  # the finished request's new leaf: its host copy acks,
+    cache.host_tier.advance_transfers()  # then its storage write
+    assert cache.host_tier.usage().in_use == 0
 
 
 # ---------------------------------------------------------------------------- lifecycle
@@ -407,7 +407,7 @@ class StorageLifecycle(HiCacheLifecycle):
             PENDING[name] = PENDING.get(name, 0) + 1
             return multiple(req)
         out = super()._admit(req, current, chunk, "L3 " + what)
-        if self.cache.loaded_tokens(req) and self.cache.storage.fetched.get(req.request_id):
+        if self.cache.host_tier.loaded_tokens(req) and self.cache.storage.fetched.get(req.request_id):
             L3_ADMISSIONS[name] = L3_ADMISSIONS.get(name, 0) + 1  # its KV was checked in _admit
         PREFETCHED[name] = max(PREFETCHED.get(name, 0), self.cache.storage.prefetched_tokens)
         return out
@@ -416,7 +416,7 @@ class StorageLifecycle(HiCacheLifecycle):
     def host_pressure(self) -> None:
         """Two scheduler steps (host copies ack, then their L3 writes), then device and host
         pressure: every unpinned copy leaves both tiers; L3 keeps its pages."""
-        self.cache.advance_transfers()
+        self.cache.host_tier.advance_transfers()
         self.ack_and_evict_everything()
         self.cache.hitree.evict_host(10**6)
 
@@ -428,7 +428,7 @@ class StorageLifecycle(HiCacheLifecycle):
         self._finish_all()
         self.host_pressure()
         req = self._returning(suffix)
-        self.cache.enqueue(req)  # queued first, as a loaded scheduler would; admitted later
+        self.cache.host_tier.enqueue(req)  # queued first, as a loaded scheduler would; admitted later
         for _ in range(self.rng.randrange(5)):
             self.scheduler_step()
         match = self.cache.lookup(req)
@@ -441,11 +441,11 @@ class StorageLifecycle(HiCacheLifecycle):
 
     @rule()
     def scheduler_step(self) -> None:
-        self.cache.advance_transfers()
+        self.cache.host_tier.advance_transfers()
         s = self.cache.storage
         pinned = {n.id: n for n in s.busy_nodes() if n.host_value is not None}
         held = sum(len(n.host_value) for n in pinned.values()) // self.page_size + len(s.buffer_pages())
-        assert self.cache.host_usage().in_use == held, "a copy outlived its ack"
+        assert self.cache.host_tier.usage().in_use == held, "a copy outlived its ack"
 
 
 class WaitCompletePage4(StorageLifecycle):

@@ -82,12 +82,12 @@ def test_hybrid_caches_take_kv_events_off_by_default_and_refuse_what_is_not_mode
     swa = CacheConfig(120, 4, layout=(("sliding_window", 8), ("full",)))
     mamba = CacheConfig(120, 1, layout=(("mamba", 4), ("full",)))
     for config in (swa, mamba):
-        assert make_cache("radix", config).take_events() == []
+        assert make_cache("radix", config).kv_events is None
         on = make_cache("radix", config, kv_events=True)
-        assert [type(e).__name__ for e in on.take_events()] == ["AllBlocksCleared"]
+        assert [type(e).__name__ for e in on.kv_events.take_events()] == ["AllBlocksCleared"]
         with pytest.raises(ValueError, match="kv_events must be a bool"):
             make_cache("radix", config, kv_events="yes")
     with pytest.raises(ValueError, match="is_eagle"):
         make_cache("radix", swa, kv_events=True, is_eagle=True)
     hicache = make_cache("radix", CacheConfig(120, 4), kv_events=True, host_tier=HostTierConfig())
-    assert [type(e).__name__ for e in hicache.take_events()] == ["AllBlocksCleared"]
+    assert [type(e).__name__ for e in hicache.kv_events.take_events()] == ["AllBlocksCleared"]

@@ -89,7 +89,7 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
         rec["pools"] = [kv.num_free, states.num_free, tree.full_evictable, tree.mamba_evictable]
         rec["states"] = _states(tree)
         if recorder is not None:
-            rec["events"] = [event_json(e) for e in recorder.take()]
+            rec["events"] = [event_json(e) for e in recorder.take_events()]
         tree.check()
         out.append(rec)
     return out

@@ -93,7 +93,7 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             tree.swa_evictable,
         ]
         if recorder is not None:
-            rec["events"] = [event_json(e) for e in recorder.take()]
+            rec["events"] = [event_json(e) for e in recorder.take_events()]
         tree.check()
         pool.check()
         out.append(rec)

@@ -90,14 +90,14 @@ class HiCacheLifecycle(HostTierLifecycle):
 
     @rule()
     def scheduler_step(self) -> None:
-        self.cache.advance_transfers()
-        assert self.cache.host_usage().in_use == 0, "a copy outlived its ack"
+        self.cache.host_tier.advance_transfers()
+        assert self.cache.host_tier.usage().in_use == 0, "a copy outlived its ack"
 
     @rule()
     def ack_and_evict_everything(self) -> None:
         """Device pressure after a scheduler step: every unpinned node leaves the device
         (backed-up ones stay as host copies), so later hits come from the host."""
-        self.cache.advance_transfers()
+        self.cache.host_tier.advance_transfers()
         self._evict(10**6)
 
     def _finish_all(self) -> None:
@@ -121,7 +121,7 @@ class HiCacheLifecycle(HostTierLifecycle):
         return self._admit(req, self.cache.lookup(req), self.max_chunk, "come back")
 
     def after_reset(self) -> None:
-        assert self.cache.host_usage() == (self.cache.num_host_pages(), 0, 0)
+        assert self.cache.host_tier.usage() == (self.cache.host_tier.num_pages(), 0, 0)
         self._watch()  # a fresh tree
 
     def check_more(self) -> None:

@@ -18,7 +18,7 @@ Issue 33's interleavings, as vLLM 0.33's scheduler makes them:
 
 * async host loads (``admit_loading_later``): a host hit admitted with ``allocate(req, 0, m)``
   holds exactly the GPU hit's and the loaded blocks, computes nothing while
-  ``host_load_pending`` (1 + ``host_ack_delay`` step boundaries, while the other rules run on),
+  ``host_tier.load_pending`` (1 + ``host_ack_delay`` step boundaries, while the other rules run on),
   then allocates its first chunk (``first_chunk_after_load``) and reads the loaded KV;
 * finish order (``finish_several_in_one_step``): at every step boundary (``_advance``) the
   finish callbacks are exactly the requests released in the step before, in release order,
@@ -143,7 +143,7 @@ class OffloadLifecycle(HostTierLifecycle, TierLoadEvents):
             with pytest.raises(ValueError, match="pending"):
                 self.cache.allocate(req, 1, match)
             return multiple(req)  # retried later, as vLLM's scheduler does
-        waits = waits and current.host_tokens > 0 and not self.cache.load_overlapped
+        waits = waits and current.host_tokens > 0 and not self.cache.host_tier.load_overlapped
         self.admission = Admission(waits, reserves_chunk)
         return super()._admit(req, current, chunk, what)
 
@@ -154,7 +154,8 @@ class OffloadLifecycle(HostTierLifecycle, TierLoadEvents):
                 f"{req.request_id}: an async load's admission took blocks past the GPU hit and the "
                 f"loaded ones ({match.tokens} + {match.external_tokens} tokens)"
             )
-        assert self.cache.host_load_pending(req), f"{req.request_id}: its load was acknowledged at admission"
+        pending = self.cache.host_tier.load_pending(req)
+        assert pending, f"{req.request_id}: its load was acknowledged at admission"
         self.loading[req.request_id] = Loading(
             req, match.tokens, load_end, chunk, reserved, 1 + self.ack_delay
         )
@@ -257,7 +258,7 @@ class OffloadLifecycle(HostTierLifecycle, TierLoadEvents):
         on) caches its blocks as their own BlockStored."""
         self._take_events()  # what the rule did before the boundary
         self.manager_calls.clear()
-        self.cache.advance_transfers()
+        self.cache.host_tier.advance_transfers()
         finishing, self.released_prev, self.released_now = self.released_prev, self.released_now, []
         finished = [rid for call, rid in self.manager_calls if call == "finish"]
         assert finished == finishing, (
@@ -275,8 +276,8 @@ class OffloadLifecycle(HostTierLifecycle, TierLoadEvents):
             if not w.steps_left:
                 continue
             w.steps_left -= 1
-            assert self.cache.host_load_pending(w.req) == (w.steps_left > 0), (
-                f"{w.req.request_id}: load pending={self.cache.host_load_pending(w.req)} with "
+            assert self.cache.host_tier.load_pending(w.req) == (w.steps_left > 0), (
+                f"{w.req.request_id}: load pending={self.cache.host_tier.load_pending(w.req)} with "
                 f"{w.steps_left} step boundaries to its acknowledgement"
             )
             if not w.steps_left:
@@ -308,9 +309,9 @@ class OffloadLifecycle(HostTierLifecycle, TierLoadEvents):
         self.served.append(entry)
 
     def _evict(self, num_tokens: int) -> int:
-        host = self.cache.host_usage()
+        host = self.cache.host_tier.usage()
         freed = super()._evict(num_tokens)
-        assert self.cache.host_usage() == host, "a device eviction touched the host tier"
+        assert self.cache.host_tier.usage() == host, "a device eviction touched the host tier"
         return freed
 
     @rule()
@@ -321,7 +322,7 @@ class OffloadLifecycle(HostTierLifecycle, TierLoadEvents):
     reset = rule()(Lifecycle.reset)
 
     def after_reset(self) -> None:
-        assert tuple(self.cache.host_usage()) == (self.host_chunks, 0, 0)
+        assert tuple(self.cache.host_tier.usage()) == (self.host_chunks, 0, 0)
         self.released_now.clear()  # the connector's request states are dropped with it
         self.released_prev.clear()
 

@@ -21,20 +21,20 @@ from prefixcache.backends.hashchain.kv_cache_planning import (
     plan_kv_cache_groups,
     resolve_hash_block_size,
 )
-from prefixcache.backends.hashchain.offload.tier import DelayedCachingKVCacheManager, HostTier
+from prefixcache.backends.hashchain.mamba_chunking import MambaAlignedChunking
+from prefixcache.backends.hashchain.offload.tier import DelayedCachingKVCacheManager, OffloadingTier
 from prefixcache.backends.hashchain.single_type_kv_cache_manager import AttentionGroupSpec
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, PrefixCache, ensure
+from prefixcache.kv_event_sink import KVEventSink
 from prefixcache.request import Request
-from prefixcache.tiers import HostTierConfig
+from prefixcache.tiers import HostTier, HostTierConfig
 
 # vLLM 0.33's engine default (``CacheConfig.prefix_cache_retention_interval``, copied into the
 # KVCacheConfig by kv_cache_planning.py): sliding-window groups hash only the window tails a
 # hit can resume at. None is dense (the KVCacheConfig dataclass default, older vLLM).
 ENGINE_DEFAULT_RETENTION_INTERVAL = 0
-# vLLM 0.33 ``KVCacheSpecKind`` values, which BlockStored events carry.
-_EVENT_SPEC_KINDS = {"full": "full_attention", "sliding_window": "sliding_window", "mamba": "mamba"}
 
 
 def _check_switches(
@@ -186,7 +186,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
 
     kv_events:      False (default) or True: vLLM's ``enable_kv_cache_events``; the block pool
                     queues BlockStored / BlockRemoved / AllBlocksCleared where vLLM 0.33's does
-                    (block_pool.py) and ``take_events`` drains them (needs msgspec).
+                    (block_pool.py), drained by ``kv_events.take_events()`` (needs msgspec).
     host_tier:      a ``prefixcache.tiers.HostTierConfig``: vLLM 0.33's native CPU offloading
                     (OffloadingConnector + CPUOffloadingManager, offload/); dense layouts only.
                     None (default): no tier, the backend exactly as without one.
@@ -258,16 +258,16 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         self.primary_group = groups.primary_group  # page_table's group
         self._kv_groups = groups.kv_groups()
         self.block_pool = self.manager.block_pool
-        self._has_mamba = "mamba" in groups.kinds  # prefill chunks end on block boundaries (prefill_chunk)
+        if "mamba" in groups.kinds:  # prefill chunks end on block boundaries
+            self.prefill_chunking = MambaAlignedChunking(self.page_size, self.manager)
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
-        self.kv_events = self.block_pool.enable_kv_cache_events = kv_events
+        self.block_pool.enable_kv_cache_events = kv_events
         # The host tier (vLLM 0.33's OffloadingConnector, offload/); None: exactly as without.
-        self.offload = None if host_tier is None else HostTier(
+        self.offload = None if host_tier is None else OffloadingTier(
             host_tier, self.manager, capacity_tokens=config.capacity_tokens, page_size=self.page_size,
-            hash_block_size=self.hash_block_size, stats=lambda: self.stats,
+            hash_block_size=self.hash_block_size, stats=lambda: self.stats, is_live=self.is_live,
             reserved_tokens=self.reserved_tokens, ack_delay=host_ack_delay,
         )  # fmt: skip
-        self.host_tier = host_tier
         # _extend_in_place: only one group without a tier has steps allocate_slots skips at once
         unitary = isinstance(self.manager.coordinator, UnitaryKVCacheCoordinator)
         self._steps_in_place = self.offload is None and unitary
@@ -371,9 +371,6 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         """publish="commit": cache the request's full blocks with computed KV."""
         self.manager.cache_blocks(req, req.num_computed_tokens)
 
-    def host_load_pending(self, req: Request) -> bool:
-        return self.offload is not None and self.is_live(req) and self.offload.load_pending(req)
-
     def _release(self, req: Request, state: KVCacheBlocks) -> None:
         if self._prefill_end is not None:
             del self._prefill_end[req.request_id]
@@ -401,43 +398,6 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
     def _layout_note(self) -> str:
         return f" over {len(self.attention_groups)} attention groups"
 
-    def prefill_chunk(
-        self, req: Request, start: int, num_new_tokens: int, max_chunk: int, match: Match | None = None
-    ) -> int:
-        """vLLM 0.33's ``Scheduler._mamba_block_aligned_split`` for a model with a Mamba group
-        (a state is written where a chunk ends, and cached only at block boundaries):
-
-        - a chunk short of the prefill's end ends on a block boundary, unless that leaves
-          nothing and a block is wider than a step (then it advances sub-block);
-        - then it stops at the first mandatory position strictly inside it: the next boundary
-          if it starts mid-block; the last boundary a hit can resume at
-          (``get_mamba_prefill_checkpoint_position``: ``num_tokens - 1`` floored to a block);
-          the request's shared-prefix junction (found at its admission lookup), floored to a
-          block, as with ``enable_mamba_shared_prefix_checkpoint`` off (the default).
-
-        Not modelled: partial-block checkpoints (we have no partial Mamba hits) and EAGLE."""
-        if not self._has_mamba:
-            return num_new_tokens
-        B = self.page_size
-        prefill_end = max(req.num_prompt_tokens, req.num_tokens - 1)
-        end = start + num_new_tokens
-        if start >= prefill_end:
-            return num_new_tokens
-        if end < prefill_end:
-            aligned = end // B * B
-            if aligned > start or max_chunk >= B:
-                end = aligned
-        if isinstance(match, BlockMatch):
-            junction = match.shared_prefix_boundary
-        else:
-            junction = self.manager.shared_prefix_boundary.get(req.request_id, 0)
-        next_boundary = (start // B + 1) * B if start % B else 0
-        last_cache_position = max((req.num_tokens - 1) // B * B, 0)
-        junction_stop = start + (junction - start) // B * B if start < junction < end else 0
-        stops = (next_boundary, last_cache_position, junction_stop)
-        end = min((stop for stop in stops if start < stop < end), default=end)
-        return max(end - start, 0)
-
     def memory_in_use(self) -> int:
         """Blocks with a holder, each a page in every layer of its group (padding included, as
         vLLM sizes the pool)."""
@@ -458,32 +418,17 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         if self.offload is not None:
             self.offload.reset()
 
-    # ---------------------------------------------------------------- host tier (offload/)
-    load_overlapped = False  # vLLM loads asynchronously: compute starts a step later
+    # ---------------------------------------------------------------- what it is given
+    @property
+    def host_tier(self) -> HostTier | None:
+        """The offloading tier (offload/), None without one."""
+        return self.offload
 
-    def host_usage(self) -> PageUsage | None:
-        return None if self.offload is None else self.offload.usage()
-
-    def num_host_pages(self) -> int:
-        return 0 if self.offload is None else self.offload.num_pages()
-
-    def advance_transfers(self) -> None:
-        if self.offload is not None:
-            self.offload.advance()
-
-    def tier_metrics(self) -> dict[str, int]:
-        return {} if self.offload is None else self.offload.metrics()
-
-    def take_events(self) -> list[object]:
-        """The pool's KV events since the last call, each BlockStored annotated with its
-        group's spec kind and window as vLLM 0.33's ``KVCacheManager.take_events`` does."""
-        events = self.block_pool.take_events()
-        for event in events:
-            if type(event).__name__ == "BlockStored":
-                spec = self.attention_groups[event.group_idx]
-                event.kv_cache_spec_kind = _EVENT_SPEC_KINDS[spec.kind]
-                event.kv_cache_spec_sliding_window = spec.sliding_window
-        return events
+    @property
+    def kv_events(self) -> KVEventSink | None:
+        """The manager, whose ``take_events`` vLLM's engine drains (vLLM 0.33 annotates each
+        BlockStored with its group's spec there); None with events off."""
+        return self.manager if self.block_pool.enable_kv_cache_events else None
 
     # ---------------------------------------------------------------- vLLM extras
     def evict_blocks(self, block_ids: set[int]) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 from prefixcache.backends.hashchain.block_pool import BlockPool
 from prefixcache.backends.hashchain.hashing import (
@@ -30,6 +31,8 @@ FREE_ORDERS = ("reverse", "forward")
 # its KV is computed (vLLM); or at commit, as SGLang inserts at the end of a prefill chunk and
 # at release (``"commit"``, our ablation switch).
 PUBLISH_TIMES = ("allocation", "commit")
+# vLLM 0.33 ``KVCacheSpecKind`` values, which BlockStored events carry.
+_EVENT_SPEC_KINDS = {"full": "full_attention", "sliding_window": "sliding_window", "mamba": "mamba"}
 
 
 def max_cache_hit_length(request: Request) -> int:
@@ -217,3 +220,15 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
+
+    def take_events(self) -> list[Any]:
+        """vLLM 0.33 ``KVCacheManager.take_events``: the block pool's KV events since the last
+        call ([] with events off), each BlockStored annotated with its group's spec kind and
+        window. With events on, the manager is its cache's ``kv_events`` sink."""
+        events = self.block_pool.take_events()
+        for event in events:
+            if type(event).__name__ == "BlockStored":
+                spec = self.coordinator.single_type_managers[event.group_idx].spec
+                event.kv_cache_spec_kind = _EVENT_SPEC_KINDS[spec.kind]
+                event.kv_cache_spec_sliding_window = spec.sliding_window
+        return events

@@ -15,6 +15,7 @@ from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.tree import SlotArray
 
 from prefixcache.interface import PageUsage, PrefixCache, ensure
+from prefixcache.kv_event_sink import KVEventSink
 from prefixcache.pool import PageIds, PageTable
 from prefixcache.request import Request
 
@@ -50,18 +51,15 @@ class RadixAdapter(PrefixCache[S]):
     events: RadixEventRecorder | None = None  # the recorder the tree reports to (kv_events)
 
     @property
-    def kv_events(self) -> bool:
-        return self.events is not None
+    def kv_events(self) -> KVEventSink | None:
+        """The tree's recorder (events.py), SGLang's ``take_events`` drains it; None when off."""
+        return self.events
 
     def _slots(self, pages: PageIds) -> SlotArray:
         return page_slots(pages, self.page_size)
 
     def _pages_of(self, slots: SlotArray) -> PageIds:
         return slot_pages(slots, self.page_size)
-
-    def take_events(self) -> list[object]:
-        """The tree's KV events since the last call (SGLang's ``kv_events.take``); [] when off."""
-        return self.events.take() if self.events is not None else []
 
     def _event_recorder(self, kv_events: bool, is_eagle: bool) -> RadixEventRecorder | None:
         """SGLang's ``enable_kv_cache_events``: a recorder for the tree to report to (events.py;

@@ -127,7 +127,7 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         checkpoint of c computed tokens caches the KV of c - 1 (whole pages).
         kv_events: SGLang's ``enable_kv_cache_events``: the tree records BlockStored /
         BlockRemoved / AllBlocksCleared where SGLang 0.5.23's does (events.py), drained by
-        ``take_events`` (needs msgspec). Not with ``is_eagle`` (bigram pages, not modelled).
+        ``kv_events.take_events()`` (needs msgspec). Not with ``is_eagle`` (bigram pages, not modelled).
         eviction_granularity: "leaf" (SGLang: evict whole leaves for allocation.py's
         over-estimate of the demand) or "page" (ours, vLLM's granularity, an ablation switch of
         the decomposition study: evict the pages the allocation takes and no more, splitting a

@@ -162,6 +162,7 @@ class RadixEventRecorder:
         self._queue.append(event)
         self._tail_salt = salt
 
-    def take(self) -> list[Any]:
+    def take_events(self) -> list[Any]:
+        """The queued events, oldest first (SGLang's ``take_events``); the queue is left empty."""
         events, self._queue = self._queue, []
         return events

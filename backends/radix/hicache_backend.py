@@ -18,7 +18,8 @@ budget check refuses such a request up front).
 With ``host_tier.storage`` the L3 tier (hicache_storage.py) adds: a write-through ack writes the
 node on to L3; a lookup of a request not live starts its prefetch (the enqueue; ``enqueue``
 starts it without the admission poll) and polls it (``Match.pending`` while the policy holds
-it); ``advance_transfers`` moves prefetched pages and storage acks along.
+it); ``advance_transfers`` moves prefetched pages and storage acks along. What the engine asks
+of the tier (those two, its usage and metrics) is the cache's ``host_tier`` (hicache_tier.py).
 
 ``kv_events=True``: the tree records SGLang 0.5.23's events on both media (hicache_tree.py):
 device (GPU) stores and removals as the dense tree's, plus a revival's store and a demotion's
@@ -37,14 +38,15 @@ import numpy as np
 from prefixcache.backends.radix.backend import RadixPrefixCache, TreeMatch, _Live, request_key
 from prefixcache.backends.radix.hicache_pool import HostPool, host_pool_tokens
 from prefixcache.backends.radix.hicache_storage import HiCacheStorage, storage_from_config
+from prefixcache.backends.radix.hicache_tier import HiCacheTier
 from prefixcache.backends.radix.hicache_tree import HiRadixCache
 from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import Match, PageUsage, ensure
+from prefixcache.interface import Match
 from prefixcache.pool import PageIds, PagePool, PageTable
 from prefixcache.request import Request
-from prefixcache.tiers import HostTierConfig
+from prefixcache.tiers import HostTier, HostTierConfig
 
 LOAD_BACK_THRESHOLD = 10  # init_hicache: self.load_back_threshold = 10
 DEFAULT_WRITE_POLICY = "write_through"  # server_args.hicache_write_policy, 0.5.23
@@ -64,7 +66,6 @@ class HiTreeMatch(TreeMatch):
 
 class HiCacheRadixPrefixCache(RadixPrefixCache):
     name = "radix"
-    load_overlapped = True  # layer-by-layer in the same forward
 
     def __init__(
         self,
@@ -90,18 +91,20 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         if is_eagle:
             raise ValueError("the radix host tier does not model EAGLE bigram keys")
         host_tier.reject_fields("radix", HASHCHAIN_ONLY_FIELDS)
-        self.host_tier = host_tier
         self.write_policy = host_tier.write_policy or DEFAULT_WRITE_POLICY
         threshold = host_tier.load_back_threshold
         self.load_back_threshold = LOAD_BACK_THRESHOLD if threshold is None else threshold
         self.device_tokens = config.num_usable_pages * config.page_size
         self.host_size = host_pool_tokens(host_tier, self.device_tokens, config.page_size)
-        self.cached_tokens_device = self.cached_tokens_host = 0
         super().__init__(
             config, eviction_policy=eviction_policy, clock=clock, need_sort=need_sort, kv_events=kv_events
         )
         # The L3 tier (hicache_storage.py), off unless host_tier.storage.
         self.storage: HiCacheStorage | None = storage_from_config(self.hitree, host_tier, self.host_size)
+        self.hicache = HiCacheTier(
+            host_tier, self.hitree, self.storage, self.page_size,
+            check_request=self._check_request, is_live=self.is_live,
+        )  # fmt: skip
 
     def _new_tree(self, eviction_policy: str, clock: Callable[[], float], disable: bool) -> HiRadixCache:
         return HiRadixCache(
@@ -153,20 +156,6 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             pending,
         )
 
-    def transfers_in_flight(self) -> bool:
-        return self.storage is not None and self.storage.in_flight()
-
-    def enqueue(self, req: Request) -> None:
-        """The scheduler's enqueue (``_prefetch_kvcache``): start ``req``'s L3 prefetch without
-        an admission poll (``lookup`` of a request not yet enqueued does both). No-op without
-        the L3 tier or for a live request."""
-        self._check_request(req)
-        if self.storage is None or self.is_live(req):
-            return
-        key = request_key(req)[: req.num_tokens - 1]
-        m = self.hitree.match_with_host(key)
-        self.storage.on_lookup(req, key, m.device.length + m.host_hit_length, m.best_node, poll=False)
-
     def _revalidate(self, match: Match) -> HiTreeMatch:
         """The tree changed since: a device node may be host-only now, a host copy gone.
         Match again (the walk finds exactly what holds now)."""
@@ -211,8 +200,7 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         # [0, tokens) device hit | [tokens, hit) loaded from host | [hit, ...) our own pages
         assert loaded is not None
         pages = PageTable(np.concatenate([self._pages_of(m.indices), loaded, new_pages]))
-        self.cached_tokens_device += m.tokens
-        self.cached_tokens_host += m.host_tokens
+        self.hicache.count_admission(req, m.tokens, m.host_tokens)
         return _Live(pages, hit, last_node, 0, req.num_tokens)
 
     def _in_place_now(self) -> bool:
@@ -252,78 +240,21 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         self.pool = PagePool(self.config.num_pages, need_sort=self.need_sort, page_size=self.page_size)
         self.hitree.host_pool = HostPool(self.host_size, self.page_size)
         self.tree.reset()
-        self.cached_tokens_device = self.cached_tokens_host = 0
-        if self.storage is not None:
-            self.storage.reset()
+        self.hicache.reset()
 
-    # ------------------------------------------------------------------ host tier
-    def advance_transfers(self) -> None:
-        """``check_hicache_events``: writes ack (``writing_check``), then loads
-        (``loading_check``); every copy started before this step has finished."""
-        if self.storage is not None:
-            self.storage.ack_backups()  # last step's L3 writes
-        self.hitree.ack_writes()  # with storage: each acked node goes on to L3
-        self.hitree.ack_loads()
-        if self.storage is not None:
-            self.storage.advance()  # prefetch: pages arrive, then last step's hit queries drain
+    def _release(self, req: Request, state: _Live) -> None:
+        super()._release(req, state)
+        self.hicache.released(req)
 
-    def host_usage(self) -> PageUsage:
-        """free: host pool; in use: copies in flight (a write-through not yet acked, a load's
-        pinned anchor); evictable: every other host copy the tree holds."""
-        tree, p = self.hitree, self.page_size
-        writing = (n for _, nodes in tree.ongoing_writes.values() for n in nodes if n.write_ack is not None)
-        busy = {n.id: n for n in writing}
-        busy.update((n.id, n) for n in tree.ongoing_loads)  # O(copies in flight), not O(tree)
-        buffers = 0
-        if self.storage is not None:  # L3: pinned anchors and writes, prefetch buffers
-            busy.update((n.id, n) for n in self.storage.busy_nodes())
-            buffers = len(self.storage.buffer_pages())
-        in_use = sum(len(n.host_value) for n in busy.values() if n.host_value is not None) // p + buffers
-        free = tree.host_pool.num_free_pages
-        return PageUsage(free, tree.host_pool.num_pages - free - in_use, in_use)
-
-    def num_host_pages(self) -> int:
-        return self.hitree.host_pool.num_pages
-
-    def tier_metrics(self) -> dict[str, int]:
-        """SGLang's ``sglang:cached_tokens`` by ``cache_source`` (device / host), summed over
-        admissions."""
-        metrics = {
-            "cached_tokens_device": self.cached_tokens_device,
-            "cached_tokens_host": self.cached_tokens_host,
-        }
-        if self.storage is not None:  # StorageMetricsCollector's prefetched / backuped tokens
-            metrics["prefetched_tokens"] = self.storage.prefetched_tokens
-            metrics["backuped_tokens"] = self.storage.backuped_tokens
-        return metrics
+    # ------------------------------------------------------------------ what it is given
+    @property
+    def host_tier(self) -> HostTier:
+        """HiCache's host pool and L3 tier as the engine sees them (hicache_tier.py)."""
+        return self.hicache
 
     # ------------------------------------------------------------------ accounting
     def check_invariants(self) -> None:
         """The device pages as the dense cache checks them (host-only nodes hold none), then
-        the host pool: every host page free, held by one node, or a prefetch buffer."""
+        the host tier's."""
         super().check_invariants()
-        tree, p = self.hitree, self.page_size
-        host_pages = [page for n in tree._host_nodes() for page in (n.host_value[::p] // p).tolist()]
-        host_set = set(host_pages)
-        in_flight = [n for n in tree._host_nodes() if n.write_ack is not None or n.host_lock_ref]
-        busy = sum(len(n.host_value) for n in in_flight if n.host_value is not None)
-        buffers = self.storage.buffer_pages() if self.storage is not None else []
-        ensure(
-            self.host_usage().in_use == busy // p + len(buffers),
-            "host pages in flight drifted from the tree's",
-        )
-        ensure(len(host_set) == len(host_pages), "a host page is held by two tree nodes")
-        host_free = tree.host_pool.free_page_ids()
-        ensure(
-            len(set(host_free)) == len(host_free) and not set(host_free) & host_set,
-            "a free host page is held",
-        )
-        ensure(
-            len(set(buffers)) == len(buffers) and not set(buffers) & (host_set | set(host_free)),
-            "a prefetch buffer page is also free or in the tree",
-        )
-        ensure(
-            len(host_free) + len(host_set) + len(buffers) == tree.host_pool.num_pages,
-            f"host pages free {len(host_free)} + tree {len(host_set)} + prefetch {len(buffers)} "
-            f"!= {tree.host_pool.num_pages}",
-        )
+        self.hicache.check_invariants()

@@ -246,7 +246,7 @@ def replay(cache: PrefixCache, reqs: Sequence[Request]) -> pd.DataFrame:
 
 def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> pd.DataFrame:
     """``replay`` with the prompt prefilled ``chunk`` tokens per step (allocate, compute,
-    commit), as an engine's token budget cuts it (and as the cache's ``prefill_chunk`` aligns
+    commit), as an engine's token budget cuts it (and as the cache's ``prefill_chunking`` aligns
     it), so that a sliding-window layer can free what leaves its window mid-prompt. Also
     records the peak memory each request pinned (``memory_in_use``: it runs alone)."""
     rows = []
@@ -257,7 +257,8 @@ def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> p
             continue
         t0 = time.perf_counter_ns()
         match = cache.lookup(r)
-        step = cache.prefill_chunk(r, match.tokens, min(chunk, r.num_tokens - match.tokens), chunk, match)
+        chunking = cache.prefill_chunking
+        step = chunking.chunk(r, match.tokens, min(chunk, r.num_tokens - match.tokens), chunk, match)
         if not cache.allocate(r, step, match):
             raise RuntimeError(f"replay: {r.request_id} does not fit in an otherwise idle cache")
         hit, peak = r.num_computed_tokens, 0
@@ -266,7 +267,7 @@ def replay_chunked(cache: PrefixCache, reqs: Sequence[Request], chunk: int) -> p
             cache.commit(r)
             peak = max(peak, cache.memory_in_use())
             start = r.num_computed_tokens
-            step = cache.prefill_chunk(r, start, min(chunk, r.num_tokens - start), chunk)
+            step = chunking.chunk(r, start, min(chunk, r.num_tokens - start), chunk)
             if step and not cache.allocate(r, step):
                 raise RuntimeError(f"replay: {r.request_id} ran out of pages mid-prompt in an idle cache")
         if cache_planned_answer(cache, r):
@@ -338,15 +339,15 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
             summary.update(host_hits=st.host_hits, host_hit_rate=st.host_hit_rate,
                            loaded_tokens=st.loaded_tokens, stored_tokens=st.stored_tokens,
                            host_evicted_tokens=st.host_evicted_tokens, load_wait_s=engine.load_wait_s,
-                           **{f"tier_{k}": v for k, v in cache.tier_metrics().items()})
+                           **{f"tier_{k}": v for k, v in cache.host_tier.metrics().items()})
     stats = cache.stats
     ran = df[~df["rejected"]]
     # The cheap part of check_invariants (the full check costs seconds on a 1M-token pool and
     # is the property tests' job): every usable page is accounted for.
     if sum(cache.usage()) != cache.num_usable_pages():
         raise RuntimeError(f"{cell_name(config)}: page accounting broken after the run: {cache.usage()}")
-    host = cache.host_usage()
-    if host is not None and sum(host) != cache.num_host_pages():
+    tier = cache.host_tier
+    if tier is not None and sum(host := tier.usage()) != tier.num_pages():
         raise RuntimeError(f"{cell_name(config)}: host page accounting broken after the run: {host}")
     summary.update(
         requests=int(len(df)), rejected=int(df["rejected"].sum()), queries=stats.queries,

@@ -16,7 +16,7 @@ only: no page-16 cell for the Mamba layout).
 
 Requests are replayed one at a time with chunked prefill (``common.replay_chunked``, ``CHUNK``
 tokens per step as an engine's token budget cuts them, aligned as the cache's
-``prefill_chunk`` asks), so that a sliding-window layer can free what leaves its window while
+``prefill_chunking`` asks), so that a sliding-window layer can free what leaves its window while
 the prompt is still being computed.
 
 Parts:

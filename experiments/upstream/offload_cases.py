@@ -179,7 +179,7 @@ class OursOffload:
         manager.prepare_store = spy  # type: ignore[method-assign]
 
     def begin_step(self) -> None:
-        self.cache.advance_transfers()
+        self.cache.host_tier.advance_transfers()
 
     def lookup(self, rid: str) -> tuple[int, int | None]:
         m = self.cache.lookup(self.reqs[rid])
@@ -238,12 +238,12 @@ class OursOffload:
         return self.reqs[rid].num_tokens
 
     def metrics(self) -> dict[str, int]:
-        return self.cache.tier_metrics()
+        return self.cache.host_tier.metrics()
 
     def take_events(self) -> list[dict[str, Any]]:
         from prefixcache.experiments.upstream.kv_event_cases import event_json
 
-        return [event_json(e) for e in self.cache.take_events()]
+        return [event_json(e) for e in self.cache.kv_events.take_events()]
 
 
 # ------------------------------------------------------------------------ the cases

@@ -366,7 +366,7 @@ def replay_events_ours(sc: Stream) -> Records:
 
     records, _ = replay_ours("radix", sc, need_sort=False)
     cache = make_cache("radix", CacheConfig(sc["capacity_tokens"], sc["page_size"]), kv_events=True)
-    first = cache.take_events()  # the construction's reset: SGLang's first drain holds it too
+    first = cache.kv_events.take_events()  # the construction's reset: SGLang's first drain holds it too
     reqs: dict[str, Request] = {}
     for i, op in enumerate(sc["ops"]):
         kind, rid = op["op"], op.get("rid")
@@ -386,7 +386,7 @@ def replay_events_ours(sc: Stream) -> Records:
             cache.release(reqs[rid])
         elif kind == "evict":
             cache.evict(op["n"])
-        events = (first if i == 0 else []) + cache.take_events()
+        events = (first if i == 0 else []) + cache.kv_events.take_events()
         records[i]["events"] = [event_json(e) for e in events]
     return records
 

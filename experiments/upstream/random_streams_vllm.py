@@ -303,7 +303,7 @@ def replay_manager_ours(s: Stream) -> list[dict[str, Any]]:
             else:
                 raise ValueError(f"no op {kind!r}")
             cache.check_invariants()
-            events = cache.take_events()
+            events = cache.kv_events.take_events()
             rec["events"] = [event_json(e) for e in events]
             rec["payload"] = kv_events.encode(kv_events.KVEventBatch(ts=0.0, events=events)).hex()
             rec.update(_ours_state(cache))

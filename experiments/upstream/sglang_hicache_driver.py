@@ -344,7 +344,7 @@ def replay_ours(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             rec["ok"] = ok
             if match is not None:
                 rec["hit"], rec["host"] = match.tokens, match.host_hit_length  # type: ignore[attr-defined]
-                rec["loaded"] = cache.loaded_tokens(req)
+                rec["loaded"] = cache.host_tier.loaded_tokens(req)
                 rec["pages"] = cache.page_table(req) if ok else None
         elif kind == "run":
             req = reqs[op["rid"]]
@@ -357,12 +357,12 @@ def replay_ours(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
         elif kind == "evict":
             rec["freed"] = cache.evict(op["n"])
         elif kind == "step":
-            cache.advance_transfers()
+            cache.host_tier.advance_transfers()
         else:
             raise ValueError(f"unknown op {kind!r}")
         cache.check_invariants()
         rec["usage"] = list(cache.usage())
-        rec["host_free"] = cache.host_usage().free  # type: ignore[union-attr]
+        rec["host_free"] = cache.host_tier.usage().free  # type: ignore[union-attr]
         nodes, stack = [], [(cache.tree.root_node, 0)]  # type: ignore[attr-defined]
         while stack:
             node, depth = stack.pop()
@@ -375,7 +375,7 @@ def replay_ours(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
         if events:
             from prefixcache.experiments.upstream.kv_event_cases import event_json
 
-            rec["events"] = [event_json(e) for e in cache.take_events()]
+            rec["events"] = [event_json(e) for e in cache.kv_events.take_events()]
         out.append(rec)
     return out
 

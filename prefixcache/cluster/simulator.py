@@ -29,7 +29,9 @@ from prefixcache.cluster.routers.base import ReplicaState, Router
 from prefixcache.cost_model import CostModel
 from prefixcache.engine import Engine
 from prefixcache.interface import PrefixCache
+from prefixcache.kv_event_sink import KVEventSink
 from prefixcache.request import Request
+from prefixcache.tiers import HostTier
 
 
 @dataclass(slots=True)
@@ -41,6 +43,9 @@ class Replica:
     # Routed and not yet finished, in routing order: a request may be admitted and finish in
     # one step (a one-token answer), so the running list before a step does not hold them all.
     open: dict[str, Request] = field(default_factory=dict)
+    # What the cache was given, read once: its host tier and KV-event sink (None: none)
+    host_tier: HostTier | None = None
+    kv_events: KVEventSink | None = None
 
 
 @dataclass(slots=True)
@@ -86,7 +91,7 @@ class Cluster:
         if len({id(c) for c in caches}) != len(caches):
             raise ValueError("each replica needs its own cache object")
         if kv_events:
-            mute = [i for i, c in enumerate(caches) if not getattr(c, "kv_events", False)]
+            mute = [i for i, c in enumerate(caches) if c.kv_events is None]
             if mute:
                 raise ValueError(f"kv_events=True but the caches of replicas {mute} were made without "
                                  "kv_events=True: they would publish nothing")
@@ -95,7 +100,8 @@ class Cluster:
         cm = cost_model if cost_model is not None else CostModel.measured()
         self.replicas = [
             Replica(i, c, Engine(c, scheduler, token_budget, cost_model=cm, seed=seed,
-                                 check_invariants=check_invariants, multi_step=defer_decoders))
+                                 check_invariants=check_invariants, multi_step=defer_decoders),
+                    host_tier=c.host_tier, kv_events=c.kv_events)
             for i, c in enumerate(caches)
         ]
         for replica in self.replicas:
@@ -159,7 +165,8 @@ class Cluster:
                 break
             replica = self.replicas[step_at[1]]
             self.clock = max(self.clock, step_at[0])
-            if self._step(replica) == 0 and not replica.cache.transfers_in_flight():
+            tier = replica.host_tier
+            if self._step(replica) == 0 and not (tier is not None and tier.transfers_in_flight()):
                 stalled[replica.index] += 1
                 if stalled[replica.index] > 2:
                     raise RuntimeError(f"replica {replica.index} made no progress at clock {self.clock}")
@@ -211,7 +218,8 @@ class Cluster:
         return computed
 
     def _send_events(self, replica: Replica, now: float) -> None:
-        events = replica.cache.take_events()
+        assert replica.kv_events is not None, "checked at construction"
+        events = replica.kv_events.take_events()
         if not events:
             return
         seq = self._event_seq[replica.index]

@@ -1,5 +1,6 @@
 """The hashchain backend's host tier: what ``HashChainCache`` calls at each of its hooks, so the
-backend only forwards (see connector.py for how the hooks map onto vLLM's engine step)."""
+backend only forwards (see connector.py for how the hooks map onto vLLM's engine step), and what
+the engine asks of a tier (``prefixcache.tiers.HostTier``), as ``HashChainCache.host_tier``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from prefixcache.backends.hashchain.offload.spec import OffloadSpec
 
 from prefixcache.interface import CacheStats, PageUsage
 from prefixcache.request import Request
-from prefixcache.tiers import HostTierConfig
+from prefixcache.tiers import HostTier, HostTierConfig
 
 
 class DelayedCachingKVCacheManager(KVCacheManager):
@@ -39,10 +40,12 @@ class DelayedCachingKVCacheManager(KVCacheManager):
             super().cache_blocks(request, num_tokens)
 
 
-class HostTier:
-    """Given the backend's manager and what it reads of the backend (its stats, a request's
-    reserved tokens), not the backend itself: the backend is given a tier, as vLLM's scheduler
-    is given a KV connector."""
+class OffloadingTier(HostTier):
+    """Given the backend's manager and what it reads of the backend (its stats, whether a
+    request is live and its reserved tokens), not the backend itself: the backend is given a
+    tier, as vLLM's scheduler is given a KV connector."""
+
+    load_overlapped = False  # vLLM loads asynchronously: compute starts a step later
 
     def __init__(
         self,
@@ -53,6 +56,7 @@ class HostTier:
         page_size: int,
         hash_block_size: int,
         stats: Callable[[], CacheStats],
+        is_live: Callable[[Request], bool],
         reserved_tokens: Callable[[Request], int],
         ack_delay: int,
     ) -> None:
@@ -62,8 +66,10 @@ class HostTier:
                 f"the hashchain host tier supports a dense layout only (one full-attention group); "
                 f"got groups {kinds}"
             )
+        super().__init__(config)
         spec = OffloadSpec.from_config(config, capacity_tokens, page_size, hash_block_size)
         self.manager = manager
+        self.is_live = is_live
         self.reserved_tokens = reserved_tokens
         self.connector = OffloadingConnectorScheduler(spec, manager.hasher, stats, ack_delay)
         self.connector.on_load_done = self._load_done
@@ -101,6 +107,7 @@ class HostTier:
         )  # fmt: skip
         if new_blocks is not None:
             self.connector.on_admit(req, match.tokens, match.external_tokens, self._block_ids(req))
+            self.admitted(req, match.host_tokens)
         return new_blocks
 
     def _load_done(self, req: Request, num_loaded_tokens: int) -> None:
@@ -123,16 +130,25 @@ class HostTier:
         self.connector.on_commit(req, self.manager.get_blocks(req.request_id)[0])
 
     def on_release(self, req: Request) -> None:
+        self.released(req)
         self.connector.on_release(req)
-
-    def advance(self) -> None:
-        self.connector.advance()
 
     def busy(self) -> bool:
         return self.connector.busy()
 
+    def reset(self) -> None:
+        self.connector.reset()
+
+    def check_invariants(self, live: set[str]) -> None:
+        self.check_usage()
+        self.connector.check_invariants(live)
+
+    # ---------------------------------------------------------------- what the engine asks
     def load_pending(self, req: Request) -> bool:
-        return self.connector.load_in_flight(req.request_id)
+        return self.is_live(req) and self.connector.load_in_flight(req.request_id)
+
+    def advance_transfers(self) -> None:
+        self.connector.advance()
 
     def usage(self) -> PageUsage:
         return self.connector.host_usage()
@@ -142,9 +158,3 @@ class HostTier:
 
     def metrics(self) -> dict[str, int]:
         return dict(self.connector.metrics)
-
-    def reset(self) -> None:
-        self.connector.reset()
-
-    def check_invariants(self, live: set[str]) -> None:
-        self.connector.check_invariants(live)
