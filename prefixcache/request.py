@@ -224,8 +224,8 @@ class Request:
         in_prompt = start < min(end, p)
         if in_prompt and self._make_prompt is not None:  # (outputs alone need no prompt)
             if self._make_range is not None:  # the range alone, the prompt still unbuilt
-                out = _check_token_ids(self._make_range(start, min(end, p)), "prompt_token_ids")
-                return out + self._early_output[: end - p] if end > p else out
+                made = _check_token_ids(self._make_range(start, min(end, p)), "prompt_token_ids")
+                return made + self._early_output[: end - p] if end > p else made
             self._build_prompt()  # (kept as an array when it comes as one)
         tokens = self._all_token_ids
         if tokens is not None:

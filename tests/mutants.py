@@ -53,19 +53,21 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     "radix: duplicates computed after re-pointing (frees slots still in use)": (
         "backends/radix/backend.py",
         "        duplicates = live.pages[start // p : cached // p]\n"
-        "        match = self.tree.match_prefix(key, along=end, indices_from=start)\n"
+        "        # Past ``cached`` the tree holds our own slots (just inserted): only the duplicates'\n"
+        "        # slots are gathered.\n"
+        "        match = self.tree.match_prefix(key, along=end, indices_from=start, indices_to=cached)\n"
         '        assert match.length == aligned, f"re-match found {match.length} of {aligned} '
         'inserted tokens"\n'
         "        # Re-point at the tree's pages first; only then free our duplicate copies.\n"
-        "        live.pages[start // p : aligned // p] = self._pages_of(match.indices)\n",
-        "        match = self.tree.match_prefix(key, along=end, indices_from=start)\n"
-        "        live.pages[start // p : aligned // p] = self._pages_of(match.indices)\n"
+        "        live.pages[start // p : cached // p] = self._pages_of(match.indices)\n",
+        "        match = self.tree.match_prefix(key, along=end, indices_from=start, indices_to=cached)\n"
+        "        live.pages[start // p : cached // p] = self._pages_of(match.indices)\n"
         "        duplicates = live.pages[start // p : cached // p]\n",
     ),
     "radix: a re-match from a token hands back the slots before it too": (
         "backends/radix/radix_cache.py",
-        "    return value[skip:] if skip > 0 else value\n",
-        "    return value\n",
+        "    return value[max(start - first, 0) : min(stop, end) - first]\n",
+        "    return value[: min(stop, end) - first]\n",
     ),
     "radix: duplicate slots never freed": (
         "backends/radix/backend.py",

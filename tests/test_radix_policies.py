@@ -37,8 +37,10 @@ PRIO = {"A": 1, "B": 1, "C": 0}
 def eviction_order(policy: str) -> str:
     freed: list[int] = []
     clock = itertools.count(1).__next__
-    tree = RadixCache(1, eviction_policy=policy, free_slots=lambda runs: freed.extend(int(s[0]) for s in runs), clock=clock,
-                     capacity=16)
+    def free(runs: list) -> None:
+        freed.extend(int(s[0]) for s in runs)
+
+    tree = RadixCache(1, eviction_policy=policy, free_slots=free, clock=clock, capacity=16)
     slot = {"A": 100, "B": 200, "C": 300}
     for name in "ABC":
         tree.insert(RadixKey(LEAVES[name]), np.full(len(LEAVES[name]), slot[name]), priority=PRIO[name])

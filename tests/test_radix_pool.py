@@ -147,7 +147,7 @@ def test_pool_agrees_with_a_list_model_of_sglangs_allocators(
                 model.free(pages)
             else:  # a free call per run, made at once (a radix eviction's leaves)
                 cut = sorted({0, k, *(rnd.randrange(k + 1) for _ in range(over // 2))})  # type: ignore[attr-defined]
-                runs = [pages[a:b] for a, b in zip(cut, cut[1:])]
+                runs = [pages[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
                 pool.free_each([np.array(run, dtype=np.int64) for run in runs])
                 for run in runs:
                     model.free(run)

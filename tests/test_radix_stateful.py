@@ -26,7 +26,9 @@ class TreeAgainstModel(RuleBasedStateMachine):
         self.freed: list[int] = []
         clock = itertools.count().__next__
         free = self.freed.extend
-        self.tree = RadixCache(self.page_size, free_slots=lambda runs: [free(s.tolist()) for s in runs], clock=clock)
+        self.tree = RadixCache(
+            self.page_size, free_slots=lambda runs: [free(s.tolist()) for s in runs], clock=clock
+        )
         self.model: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.held: list[tuple[TreeNode, tuple[int, ...]]] = []
         self.next_slot = 1

@@ -35,7 +35,9 @@ class CheckedTree:
 def make_tree(page_size: int = 1, **kw: Any) -> Any:
     freed: list[list[int]] = []
     clock = itertools.count(1).__next__
-    tree = RadixCache(page_size, free_slots=lambda runs: freed.extend(s.tolist() for s in runs), clock=clock, **kw)
+    tree = RadixCache(
+        page_size, free_slots=lambda runs: freed.extend(s.tolist() for s in runs), clock=clock, **kw
+    )
     checked = CheckedTree(tree)
     checked.freed = freed  # type: ignore[attr-defined]
     return checked
