@@ -17,6 +17,7 @@ from prefixcache.backends.hashchain.hashing import (
     FIXED_SEED,
     HASH_FUNCTIONS,
     BlockHasher,
+    chain_block_hashes,
     generate_block_hash_extra_keys,
     get_hash_fn,
     hash_block_tokens,
@@ -258,3 +259,22 @@ def test_incremental_block_hasher_gives_the_plain_definitions_hashes(
         assert hasher.block_hashes(req) == plain_block_hashes(req, block_size, fn)
         keys = hasher.request_hashes(req).keys(3)
         assert keys == [make_block_hash_with_group_id(h, 3) for h in hasher.block_hashes(req)]
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
+def test_chained_block_hashes_are_hash_block_tokens_one_after_another(name: str) -> None:
+    """``chain_block_hashes`` (sha256's inlined loop included) gives, byte for byte, the
+    chain of ``hash_block_tokens`` calls: each block after the one before it, from the parent."""
+    fn = get_hash_fn(name)
+    blocks = [tuple(tokens(16, seed=i)) for i in range(5)] + [tuple([0] * 16), tuple([31_999] * 16)]
+    parent = none_hash(fn)
+    want = []
+    for block in blocks:
+        parent = hash_block_tokens(fn, parent, block, None)
+        want.append(parent)
+    got = [b"seen"]
+    chain_block_hashes(fn, none_hash(fn), iter(blocks), got)
+    assert got[0] == b"seen" and got[1:] == want, "appended to what the list held, in order"
+    got = []
+    chain_block_hashes(fn, want[2], iter(blocks[3:]), got)
+    assert got == want[3:], "a chain resumed from its last hash"

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from prefixcache.backends.hashchain.hashing import HASH_FUNCTIONS, BlockHash, HashFn, hash_block_tokens
+from prefixcache.backends.hashchain.hashing import HASH_FUNCTIONS, BlockHash, HashFn, chain_block_hashes
 from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, TraceRecord, _blocks_tokens
 
 from prefixcache import Request
@@ -155,12 +155,9 @@ class _Store:
     def _hash_node(self, node: int) -> bytes:
         parent_node = self.owner.parents[node]
         parent = self.none_hash if parent_node < 0 else self._node(parent_node)[-self.width :]
-        tokens = _blocks_tokens([self.owner.block_ids[node]], self.owner.vocab_size).tolist()
-        out = []
-        u = self.unit
-        for j in range(self.per_node):
-            parent = hash_block_tokens(self.hash_fn, BlockHash(parent), tokens[j * u : (j + 1) * u], None)
-            out.append(parent)
+        tokens = iter(_blocks_tokens([self.owner.block_ids[node]], self.owner.vocab_size).tolist())
+        out: list[BlockHash] = []
+        chain_block_hashes(self.hash_fn, BlockHash(parent), zip(*[tokens] * self.unit, strict=True), out)
         return b"".join(out)
 
     def _node(self, node: int) -> bytes:

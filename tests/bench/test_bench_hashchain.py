@@ -5,7 +5,9 @@ each against the plain form it replaced, on the same input:
   chunks) vs ``get_one_block`` per key;
 * allocating 2048 blocks that each evict a cached block: ``evict_hashed`` (one C pop per
   block) vs an evict call per block;
-* caching 2048 blocks: ``insert_many`` (one ``setdefault`` per block) vs ``insert`` per block.
+* caching 2048 blocks: ``insert_many`` (one ``setdefault`` per block) vs ``insert`` per block;
+* hashing a 2048-block chain with sha256: ``chain_block_hashes`` (pickle and digest called in
+  its loop) vs ``hash_block_tokens`` per block.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ from typing import Any
 import pytest
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, BlockPool
-from prefixcache.backends.hashchain.hashing import BlockHash
+from prefixcache.backends.hashchain.hashing import (
+    BlockHash,
+    chain_block_hashes,
+    hash_block_tokens,
+    none_hash,
+    sha256,
+)
 
 from prefixcache import CacheConfig, Request, make_cache
 from tests.helpers import keyed
@@ -145,3 +153,26 @@ def test_bench_decode_step_inside_a_block(benchmark, form: str) -> None:  # type
 
     benchmark.group = "decode step inside a block (allocate_slots for 1 token)"
     assert benchmark(manager.allocate_slots, req, 1) == ([],)
+
+
+def chain_per_call(blocks: list[tuple[int, ...]]) -> list[BlockHash]:
+    """The plain form: ``hash_block_tokens`` per block."""
+    parent, out = none_hash(sha256), []
+    for block in blocks:
+        parent = hash_block_tokens(sha256, parent, block, None)
+        out.append(parent)
+    return out
+
+
+def chain_inlined(blocks: list[tuple[int, ...]]) -> list[BlockHash]:
+    out: list[BlockHash] = []
+    chain_block_hashes(sha256, none_hash(sha256), blocks, out)
+    return out
+
+
+@pytest.mark.parametrize("form", ["chain_block_hashes", "hash_block_tokens per block"])
+def test_bench_hashing_a_chain(benchmark, form: str) -> None:  # type: ignore[no-untyped-def]
+    blocks = [tuple(PROMPT[i : i + BLOCK]) for i in range(0, len(PROMPT), BLOCK)]
+    chain = chain_inlined if form == "chain_block_hashes" else chain_per_call
+    benchmark.group = "hash a 2048-block chain (sha256)"
+    assert benchmark(chain, blocks) == chain_per_call(blocks)
