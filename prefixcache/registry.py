@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from prefixcache import capabilities
+import prefixcache.capabilities as capabilities
 from prefixcache.config import CacheConfig
 from prefixcache.interface import PrefixCache
 
