@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prefixcache.cluster.routers.base import ReplicaState, Router
-from prefixcache.cost_model import CostModel
+from prefixcache.cost_model import Clock, CostModel
 from prefixcache.engine import Engine
 from prefixcache.interface import PrefixCache
 from prefixcache.kv_event_sink import KVEventSink
@@ -72,7 +72,7 @@ class Cluster:
         *,
         scheduler: str = "fcfs",
         token_budget: int = 2048,
-        cost_model: CostModel | None = None,
+        cost_model: Clock | None = None,
         seed: int = 0,
         check_invariants: bool = False,
         kv_events: bool = False,
@@ -98,6 +98,7 @@ class Cluster:
         if event_lag_s < 0 or not 0 <= event_loss < 1:
             raise ValueError(f"need event_lag_s >= 0, 0 <= event_loss < 1: {event_lag_s}, {event_loss}")
         cm = cost_model if cost_model is not None else CostModel.measured()
+        self.cost_model, self.token_budget = cm, token_budget  # what a router may cost its routes by
         self.replicas = [
             Replica(i, c, Engine(c, scheduler, token_budget, cost_model=cm, seed=seed,
                                  check_invariants=check_invariants, multi_step=defer_decoders),

@@ -7,20 +7,22 @@ candidates; otherwise **explore**: every GPU. The candidate of lowest cost wins 
 ties), where a GPU's cost is its load over the last ``window_s`` (the prefill time of the
 tokens it had to compute for requests routed there, divided among the GPUs sharing each
 prefix in Preble; here each request's miss counts on its own GPU) plus its decode load (active
-requests x ``mean_output_tokens`` x the time a decoded token takes), plus this request's own
-prefill there. Preble's rebalancing at 1.5x skew and prefix replication are not modelled, and
-neither is its quirk of returning a candidate's position instead of its id (both said in the
-paper's table of routers).
+requests x the time an answer of ``mean_output_tokens`` takes), plus this request's own
+prefill there, each timed by the cluster's clock (``saturated_request_s``). Preble's
+rebalancing at 1.5x skew and prefix replication are not modelled, and neither is its quirk
+of returning a candidate's position instead of its id (both said in the paper's table of
+routers).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 from prefixcache.cluster.routers.base import ReplicaState, Route, Router
 from prefixcache.cluster.routers.char_tree import CharTree
-from prefixcache.cost_model import CostModel
+from prefixcache.cost_model import Clock, CostModel
 from prefixcache.request import Request
 
 
@@ -43,21 +45,35 @@ class PrebleE2(Router):
         seed: int = 0,
         window_s: float = 180.0,
         mean_output_tokens: float = 256.0,
-        cost_model: CostModel | None = None,
+        cost_model: Clock | None = None,
+        token_budget: int = 2048,
     ) -> None:
+        """cost_model: the clock a route is costed by; None takes the cluster's at ``attach``
+        (Preble profiles the engine it serves), or the measured CPU clock outside a cluster."""
         super().__init__(num_replicas, seed=seed)
         self.window_s = window_s
         self.mean_output_tokens = mean_output_tokens
-        self.cost_model = cost_model if cost_model is not None else CostModel.measured()
+        self._own_clock = cost_model is not None
+        self.cost_model: Clock = cost_model if cost_model is not None else CostModel.measured()
+        self.token_budget = token_budget
         self.tree = CharTree()
         self._recent: list[deque[tuple[float, float]]] = [deque() for _ in range(num_replicas)]
+
+    def attach(self, cluster: Any) -> None:
+        if not self._own_clock:
+            self.cost_model, self.token_budget = cluster.cost_model, cluster.token_budget
+
+    def prefill_s(self, tokens: int) -> float:
+        """Seconds ``tokens`` prefilled add to a busy engine (the clock's own cost, so the linear
+        CPU clock gives Preble's per-token profile and the roofline its GPU cost)."""
+        return self.cost_model.saturated_request_s(tokens, 0, self.token_budget)
 
     def load(self, gpu: int, active: int, now: float) -> float:
         window = self._recent[gpu]
         while window and window[0][0] < now - self.window_s:
             window.popleft()
-        decode = active * self.mean_output_tokens * self.cost_model.decode_token_s
-        return sum(seconds for _, seconds in window) + decode
+        answer_s = self.cost_model.saturated_request_s(0, round(self.mean_output_tokens), self.token_budget)
+        return sum(seconds for _, seconds in window) + active * answer_s
 
     def route(self, req: Request, replicas: Sequence[ReplicaState], now: float) -> Route:
         tokens = req.prompt_token_ids
@@ -68,10 +84,10 @@ class PrebleE2(Router):
             candidates, branch = list(m.owners), "exploit"
         else:
             candidates, branch = list(range(self.num_replicas)), "explore"
-        prefill = self.cost_model.prefill_token_s
         misses = {g: len(tokens) - self.tree.tenant_match(text, g) for g in candidates}
-        costs = {g: self.load(g, replicas[g].active_requests, now) + misses[g] * prefill for g in candidates}
+        costs = {g: self.load(g, replicas[g].active_requests, now) + self.prefill_s(misses[g])
+                 for g in candidates}
         k = min(candidates, key=lambda g: (costs[g], g))
-        self._recent[k].append((now, misses[k] * prefill))
+        self._recent[k].append((now, self.prefill_s(misses[k])))
         self.tree.insert(text, k, now)
         return Route(k, min(len(tokens) - misses[k], len(tokens) - 1), branch)
