@@ -409,7 +409,8 @@ def test_trace_output_survives_a_closed_pipe(tmp_path) -> None:
     path = _trace(tmp_path / "t.jsonl", [600] * 50)
     proc = _cli("trace", str(path))
     proc.stdout.close()  # the reader is gone before a line is written
-    err = proc.stderr.read()
+    with proc.stderr:
+        err = proc.stderr.read()
     proc.wait(timeout=60)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
