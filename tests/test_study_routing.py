@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from prefixcache.experiments.figures import study_routing as sr
 
-from prefixcache import CostModel
+from prefixcache import CostModel, RooflineClock
+from prefixcache.cost_model import named_clock
 
 
 def cells() -> list[dict]:
@@ -19,15 +20,28 @@ def cells() -> list[dict]:
                                                                         ("radix", "oracle"))]
 
 
-def test_the_rescaled_arrivals_offer_the_load_asked_for(trace_data) -> None:
-    c = cells()[0]
+@pytest.mark.parametrize("clock", ["cpu", sr.CLOCK])
+def test_the_rescaled_arrivals_offer_the_load_asked_for(trace_data, clock) -> None:
+    c = sr.cluster_config(source="mooncake-conversation", design="hashchain", router="round-robin",
+                          replicas=2, capacity=1 << 16, limit=30, clock=clock)
     reqs = sr.rescaled_requests(c)
-    cm = CostModel(**c["cost_model"])
-    work = sum(cm.prefill_token_s * r.num_prompt_tokens + cm.decode_token_s * r.max_new_tokens for r in reqs)
+    cm = named_clock(clock)
+    work = sum(cm.saturated_request_s(r.num_prompt_tokens, r.max_new_tokens, 2048) for r in reqs)
     span = reqs[-1].arrival_time - reqs[0].arrival_time
     assert reqs[0].arrival_time == 0.0
     assert work / (span * c["replicas"]) == pytest.approx(sr.LOAD)
     assert [r.arrival_time for r in reqs] == sorted(r.arrival_time for r in reqs)
+
+
+def test_cells_run_under_the_gpu_roofline_by_default_and_the_cpu_clock_when_asked() -> None:
+    default, _ = sr.configs("tiny")
+    cpu, _ = sr.configs("tiny", "cpu")
+    assert sr.CLOCK == "h100-llama3-8b"
+    assert all(c["clock"] == sr.CLOCK and c["cost_model"] == RooflineClock.named(sr.CLOCK).constants()
+               for c in default)
+    assert all(c["clock"] == "cpu" and c["cost_model"] == CostModel.measured().constants() for c in cpu)
+    # a clock change is a new cell: nothing stored under the other clock is read back
+    assert not {sr.cell_name(c) for c in default} & {sr.cell_name(c) for c in cpu}
 
 
 def test_every_scale_has_one_lag_zero_cell_per_exact_router_and_no_duplicate() -> None:

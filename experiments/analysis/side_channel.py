@@ -38,7 +38,8 @@ crossover ``1 - accuracy``; for the real, possibly asymmetric channel with equip
 and the same balanced accuracy it is a lower bound on the mutual information (symmetrising a
 channel can only lose information: mutual information is convex in the channel).
 
-Simulation runs ``Engine`` under its own default clock (``default_cost_model``) with
+Simulation runs ``Engine`` under the clock it is handed (a ``cost_model.Clock``: the study's
+GPU roofline or the measured CPU clock; by default the engine's own, ``default_cost_model``) with
 background tenants (SGLang's generated-shared-prefix workload, Poisson arrivals at a fraction
 ``load`` of the no-cache prefill capacity) so that probes queue behind real traffic.
 ``side_channel_timing`` runs the same probes through the model with wall-clock timing.
@@ -57,7 +58,8 @@ from prefixcache.experiments.analysis.metrics import mean_ci95
 from prefixcache.experiments.figures.common import build_cache
 from prefixcache.experiments.inputs.workloads import make_workload
 
-from prefixcache import CacheConfig, CostModel, Engine, PrefixCache, Request, make_cache
+from prefixcache import CacheConfig, Engine, PrefixCache, Request, make_cache
+from prefixcache.cost_model import Clock
 
 # name -> (backend, page size): the three designs the study compares.
 DESIGNS: dict[str, tuple[str, int]] = {
@@ -194,7 +196,7 @@ def build_scenario(cfg: AttackConfig, seed: int, salted: bool, start_s: float = 
 
 
 # ------------------------------------------------------------------------------ simulation
-def default_cost_model() -> CostModel:
+def default_cost_model() -> Clock:
     """The clock the engine runs when handed none, asked of the engine itself: this module
     never types or picks constants of its own."""
     return Engine(make_cache("none", CacheConfig(32, 16))).cost_model
@@ -218,16 +220,17 @@ def as_tenant(req: Request, request_id: str, tenant: str, salted: bool, delay_s:
                    planned_output_ids=req.planned_output_ids)
 
 
-def poisson_rate(load: float, prompt_len: int, cost: CostModel) -> float:
+def poisson_rate(load: float, prompt_len: int, cost: Clock) -> float:
     """Requests/s of ``prompt_len`` tokens that keep a fraction ``load`` of the no-cache prefill
-    capacity busy (1 / prefill_token_s tokens per second)."""
+    capacity busy (each prompt's prefill in a busy engine: ``saturated_request_s``; the linear
+    CPU clock's is prefill_token_s a token)."""
     if not load >= 0:
         raise ValueError(f"load must be >= 0, got {load!r}")
-    return load / (cost.prefill_token_s * prompt_len)
+    return load / cost.saturated_request_s(prompt_len, 0, TOKEN_BUDGET)
 
 
 def background_requests(seed: int, salted: bool, load: float, start_s: float, end_s: float,
-                        cost: CostModel) -> list[Request]:
+                        cost: Clock) -> list[Request]:
     """Other tenants' traffic over ``[start_s, end_s)``: generated-shared-prefix prompts (8
     groups sharing a system prompt each), spread over BACKGROUND_TENANTS tenants."""
     rate = poisson_rate(load, sum(BACKGROUND_PROMPT), cost)
@@ -257,7 +260,7 @@ def probe_frame(probes: Sequence[Probe], engine: Engine) -> pd.DataFrame:
 
 
 def simulate(design: str, cfg: AttackConfig, seed: int, salted: bool, load: float,
-             cost: CostModel | None = None) -> pd.DataFrame:
+             cost: Clock | None = None) -> pd.DataFrame:
     """Plants, then probes amid background traffic, through the engine under ``cost``
     (default: the engine's own, ``default_cost_model``); the probes' frame (``probe_frame``).
     The pool holds everything sent (checked: nothing is evicted), so the victims' KV is still
@@ -378,7 +381,7 @@ TENANT_STREAM = 0x7E4A
 
 
 def salt_cost_hit_rate(design: str, seed: int, tenants: int, salted: bool, num_requests: int = 128,
-                       load: float = 0.5, cost: CostModel | None = None) -> float:
+                       load: float = 0.5, cost: Clock | None = None) -> float:
     """Token hit rate of a multi-tenant shared-document QA workload (a common system prompt and
     8 documents of Zipf popularity, each request from one of ``tenants`` tenants at random)
     through the engine, with or without per-tenant salt."""

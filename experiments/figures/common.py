@@ -30,7 +30,7 @@ from prefixcache.experiments.inputs.workloads import make_workload
 from prefixcache.experiments.run_config import RunConfig
 
 from prefixcache import CostModel, Engine, PrefixCache, Request
-from prefixcache.cost_model import Clock, clock_from_constants
+from prefixcache.cost_model import Clock, clock_from_constants, named_clock
 
 SCALES = ("tiny", "default", "full")
 REPLAY_MODES = ("replay", "chunked-replay")  # cells without an engine (and so without a clock)
@@ -427,3 +427,52 @@ def study_main(run: Callable[[Path, str, bool, int], Path], scales: Sequence[str
     a = ap.parse_args(argv)
     run(Path(a.out), a.scale, a.force, a.jobs)
     return 0
+
+
+def clock_study_main(run: Callable[..., Path], scales: Sequence[str], doc: str | None,
+                     argv: list[str] | None, default_clock: str) -> int:
+    """``study_main``'s command line plus ``--clock`` (a ``cost_model.named_clock`` name), for the
+    engine studies whose clock is a parameter."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--scale", default="default", choices=list(scales))
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--clock", default=default_clock,
+                    help=f"the simulated clock (default {default_clock}; cpu)")
+    a = ap.parse_args(argv)
+    try:
+        named_clock(a.clock)
+    except ValueError as e:
+        ap.error(str(e))
+    run(Path(a.out), a.scale, a.force, a.jobs, clock=a.clock)
+    return 0
+
+
+# A study's default scale run under the CPU-measured clock (``--clock cpu --out results/cpu_clock``)
+# for the paper's comparison of the two clocks: committed (see .gitignore), never run by reproduce.
+CPU_CLOCK_RESULTS = "cpu_clock"
+
+
+def clock_text(constants: dict[str, Any]) -> str:
+    """How a paper line names the clock a study's cells ran under: e.g. "Llama-3-8B on an H100
+    SXM (roofline)" or "measured on a CPU"."""
+    clock = clock_from_constants(constants)
+    if isinstance(clock, CostModel):
+        return "measured on a CPU"
+    return f"{clock.model.name} on an {clock.gpu.name} (roofline)"
+
+
+def clock_label(constants: dict[str, Any]) -> str:
+    """A figure axis's short name of the clock: e.g. "H100 SXM roofline" or "CPU-measured"."""
+    clock = clock_from_constants(constants)
+    return "CPU-measured" if isinstance(clock, CostModel) else f"{clock.gpu.name} roofline"
+
+
+def other_clock_macros(values: dict[str, str], prefix: str, word: str = "Cpu") -> dict[str, str]:
+    """``values`` (macro name -> text) renamed for the other clock's run: ``<prefix>Rest`` becomes
+    ``<prefix><word>Rest`` (e.g. ``tierConvHit`` -> ``tierCpuConvHit``)."""
+    stray = [k for k in values if not k.startswith(prefix)]
+    if stray:
+        raise ValueError(f"every macro must start with {prefix!r}: {stray}")
+    return {prefix + word + k[len(prefix):]: v for k, v in values.items()}

@@ -1,17 +1,29 @@
-"""Figure and table: routers in front of N replicas. Reads ``results/routing``; writes
-``figures/routing``, ``generated/routing.tex`` and ``generated/routing_values.tex``.
+"""Figure and table: routers in front of N replicas. Reads ``results/routing`` (and, if present,
+``results/cpu_clock/routing``: the same study under the CPU-measured clock); writes
+``figures/routing``, ``generated/routing.tex``, ``generated/routing_values.tex`` and
+``generated/routing_values_cpu.tex`` (the CPU clock's values as ``routCpu...``).
 
 Hit rates carry the 95% bootstrap interval over conversations (one arrival sample per trace: the
-same for every router); TTFT is the simulated clock's (queue + prefill, measured cost model).
+same for every router); TTFT and event lags are in the simulated clock's seconds (queue +
+prefill; the study's clock, by default the GPU roofline), which the figure and table name.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from prefixcache.experiments.figures.common import (
+    CPU_CLOCK_RESULTS,
+    MOONCAKE_TRACES,
+    clock_label,
+    clock_text,
+    other_clock_macros,
+    trace_arrival_scale,
+)
 from prefixcache.experiments.figures.plotting import (
     PALETTE,
     SOURCE_WORD,
@@ -23,6 +35,9 @@ from prefixcache.experiments.figures.plotting import (
     write_table_tex,
 )
 from prefixcache.experiments.figures.study_routing import ROUTERS, STUDY
+from prefixcache.experiments.inputs.traces import read_mooncake
+
+from prefixcache.cost_model import clock_from_constants
 
 DESIGN_WORD = {"hashchain": "Hash", "radix": "Radix"}
 # Macro spelling of each router label (LaTeX macro names are letters only).
@@ -46,12 +61,18 @@ def pct(x: float) -> str:
     return fmt(float(x) * 100)
 
 
-def make(results: Path, paper: Path) -> list[Path]:
-    df = load(results, STUDY)
+def parts(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(routers, event lag, local oracle, pooled replay) rows of the study's table."""
     main = df[df["part"] == "routers"]
     lag = pd.concat([df[df["part"] == "lag"], main[main["kv_events"] == True]])  # noqa: E712
     local = pd.concat([df[df["part"] == "local"], main[main["label"] == "oracle"]])
-    pooled = df[df["part"] == "global"]
+    return main, lag, local, df[df["part"] == "global"]
+
+
+def make(results: Path, paper: Path) -> list[Path]:
+    df = load(results, STUDY)
+    main, lag, local, pooled = parts(df)
+    clock = clock_text(json.loads(main["cost_model"].iloc[0]))
     sources = [s for s in SOURCE_WORD if s in set(main["source"])]
     labels = [r[0] for r in ROUTERS if r[0] in set(main["label"])]
     designs = [d for d in DESIGN_WORD if d in set(main["design"])]
@@ -92,7 +113,8 @@ def make(results: Path, paper: Path) -> list[Path]:
                 label=f"{label} (no events)",
             )
     ax.set_xscale("log")
-    ax.set_xlabel("event lag (s; 0 drawn at 0.01)", fontsize=7)
+    label = clock_label(json.loads(main["cost_model"].iloc[0]))
+    ax.set_xlabel(f"event lag (s, {label} clock; 0 at 0.01)", fontsize=6)
     ax.set_title("exact routers vs event lag", fontsize=8)
     ax.legend(fontsize=5)
     ax = axes[2]
@@ -122,13 +144,78 @@ def make(results: Path, paper: Path) -> list[Path]:
     ax.legend(fontsize=5)
     fig.tight_layout()
     out = [save(fig, STUDY, paper)]
+    header, rows, values = table_values(df)
+    names = [s.removeprefix("mooncake-") for s in sources]
+    traces = " and ".join(names) + (" traces" if len(names) > 1 else " trace")
+    out.append(
+        write_table_tex(
+            paper,
+            STUDY,
+            header,
+            rows,
+            "l" + "r" * (len(header) - 1),
+            f"Routers over {values['routReplicas']} replicas of {values['routCapacityM']}M tokens, "
+            f"the first {values['routRequests']} requests of the Mooncake "
+            f"{traces} at "
+            f"{values['routLoad']}\\% of the no-cache load: token hit \\% with its 95\\% bootstrap "
+            "interval per design; the rest for the "
+            f"{first.removeprefix('mooncake-')} trace "
+            f"and {designs[0]} replicas: the router's prediction error (MAE, tokens; false hits: "
+            "predicted a hit, reused nothing), load imbalance (time-weighted max/mean active "
+            f"requests) and TTFT in simulated seconds (clock: {clock}).",
+            "tab:routing",
+            fit_width=True,
+        )
+    )
+    out.append(write_macros(paper, "routing_values", values))
+    cpu: dict[str, str] = {"routMeasured": "no"}  # the paper guards the comparison with \ifx
+    if (results / CPU_CLOCK_RESULTS / STUDY / "config.json").exists():  # the study on the CPU clock
+        cpu_df = load(results / CPU_CLOCK_RESULTS, STUDY)
+        _, _, cpu = table_values(cpu_df)
+        cpu["routMaxNonDynamoHitGapPts"] = fmt(max_hit_gap(main, parts(cpu_df)[0], "dynamo") * 100)
+        cpu["routMeasured"] = "yes"
+    out.append(write_macros(paper, "routing_values_cpu", other_clock_macros(cpu, "rout")))
+    return out
 
+
+def max_hit_gap(a: pd.DataFrame, b: pd.DataFrame, but: str) -> float:
+    """The largest difference of a router's token hit rate between two runs' routers parts,
+    routers whose label starts with ``but`` left out."""
+    on = ["source", "design", "replicas", "capacity_tokens", "label"]
+    both = a[on + ["token_hit_rate"]].merge(b[on + ["token_hit_rate"]], on=on, suffixes=("", "_b"),
+                                            validate="one_to_one")
+    if len(both) != len(a):
+        raise ValueError(f"the two runs have different router cells: {len(a)} and {len(b)}")
+    both = both[~both["label"].str.startswith(but)]
+    return float((both["token_hit_rate"] - both["token_hit_rate_b"]).abs().max())
+
+
+def arrival_gap_s(main: pd.DataFrame) -> float:
+    """Mean seconds between arrivals of the first trace's rescaled requests (the study's rescale
+    under its clock), the scale an event lag is measured against."""
+    r0 = main.iloc[0]
+    limit = None if pd.isna(r0["limit"]) else int(r0["limit"])
+    records = read_mooncake(MOONCAKE_TRACES[r0["source"]])[:limit]
+    factor = trace_arrival_scale(r0["source"], limit, clock_from_constants(json.loads(r0["cost_model"])),
+                                 float(r0["load"]), int(r0["replicas"]))
+    return (records[-1].timestamp - records[0].timestamp) * factor / max(len(records) - 1, 1)
+
+
+def table_values(df: pd.DataFrame) -> tuple[list[str], list[list[str]], dict[str, str]]:
+    """The table's header and rows and the paper's values (``rout...`` macros) of one run."""
+    main, lag, local, pooled = parts(df)
+    sources = [s for s in SOURCE_WORD if s in set(main["source"])]
+    labels = [r[0] for r in ROUTERS if r[0] in set(main["label"])]
+    designs = [d for d in DESIGN_WORD if d in set(main["design"])]
+    first = sources[0]
     values: dict[str, str] = {
         "routRequests": str(int(main["requests"].iloc[0])),
         "routReplicas": str(int(main["replicas"].iloc[0])),
         "routCapacityM": fmt(float(main["capacity_tokens"].iloc[0]) / 1e6),
         "routLoad": fmt(float(main["load"].iloc[0]) * 100, 0),
         "routCells": str(len(df)),
+        "routClock": clock_text(json.loads(main["cost_model"].iloc[0])),
+        "routArrivalGapS": fmt(arrival_gap_s(main[main["source"] == first]), 2),
     }
     header = (
         ["router"]
@@ -169,28 +256,6 @@ def make(results: Path, paper: Path) -> list[Path]:
             fmt(float(r["ttft_p99_s"])),
         ]
         rows.append(row)
-    names = [s.removeprefix("mooncake-") for s in sources]
-    traces = " and ".join(names) + (" traces" if len(names) > 1 else " trace")
-    out.append(
-        write_table_tex(
-            paper,
-            STUDY,
-            header,
-            rows,
-            "l" + "r" * (len(header) - 1),
-            f"Routers over {values['routReplicas']} replicas of {values['routCapacityM']}M tokens, "
-            f"the first {values['routRequests']} requests of the Mooncake "
-            f"{traces} at "
-            f"{values['routLoad']}\\% of the no-cache load: token hit \\% with its 95\\% bootstrap "
-            "interval per design; the rest for the "
-            f"{first.removeprefix('mooncake-')} trace "
-            f"and {designs[0]} replicas: the router's prediction error (MAE, tokens; false hits: "
-            "predicted a hit, reused nothing), load imbalance (time-weighted max/mean active "
-            "requests) and TTFT in simulated seconds.",
-            "tab:routing",
-            fit_width=True,
-        )
-    )
     for label in ("dynamo-events", "llm-d-precise"):
         for design in designs:
             g = lag[(lag["source"] == first) & (lag["design"] == design) & (lag["label"] == label)]
@@ -230,8 +295,7 @@ def make(results: Path, paper: Path) -> list[Path]:
             if not gl.empty and not lo.empty:
                 ratio = float(gl["token_hit_rate"].iloc[0]) / float(lo["token_hit_rate"].iloc[0])
                 values[f"routPooledOverLocal{DESIGN_WORD[design]}{word}"] = fmt(ratio, 2)
-    out.append(write_macros(paper, "routing_values", values))
-    return out
+    return header, rows, values
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,11 @@
 """Figure: the prefix-cache timing side channel per design, with and without per-tenant salt,
-in simulation (the engine's cost model, background tenants) and in model mode (wall-clock CPU
-timing, if ``make side-channel-timing`` left its file), and the hit rate salt costs. Means over
-seeds with 95% confidence intervals. Reads ``results/side_channel`` and
-``results/bench/side_channel_model_mode.csv``; writes ``figures/side_channel`` and
-``generated/side_channel.tex``."""
+in simulation (the study's clock, by default the GPU roofline, background tenants) and in model
+mode (wall-clock CPU timing, if ``make side-channel-timing`` left its file), and the hit rate
+salt costs. Means over seeds with 95% confidence intervals. Reads ``results/side_channel``,
+``results/bench/side_channel_model_mode.csv`` and, if present, ``results/cpu_clock/side_channel``
+(the same study under the CPU-measured clock); writes ``figures/side_channel``,
+``generated/side_channel.tex`` and ``generated/side_channel_cpu.tex`` (its macros as
+``scCpu...``)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,24 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from prefixcache.experiments.analysis.side_channel import DESIGNS, channel_bits, evaluate, seed_ci
+from prefixcache.experiments.analysis.side_channel import (
+    DESIGNS,
+    TOKEN_BUDGET,
+    AttackConfig,
+    channel_bits,
+    evaluate,
+    seed_ci,
+)
+from prefixcache.experiments.figures.common import (
+    CPU_CLOCK_RESULTS,
+    clock_label,
+    clock_text,
+    other_clock_macros,
+)
 from prefixcache.experiments.figures.plotting import PALETTE, figure_main, fmt, load, save, write_macros
 from prefixcache.experiments.figures.study_side_channel import STUDY
+
+from prefixcache.cost_model import clock_from_constants
 
 MODEL_MODE = Path("bench") / "side_channel_model_mode.csv"
 ATTACKS = ("whole", "token", "token-block")
@@ -93,20 +110,28 @@ def macros_for(table: pd.DataFrame, prefix: str) -> dict[str, str]:
     return values
 
 
-def make(results: Path, paper: Path) -> list[Path]:
+def read_study(results: Path) -> tuple[pd.DataFrame, dict, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(attack rows, the study's config, accuracy by load, accuracy at the headline load, salt
+    rows) of the study stored under ``results``."""
     rows = load(results, STUDY)
     meta = json.loads((results / STUDY / "config.json").read_text())
-    headline = float(meta["headline_load"])
     rows["salted"] = rows["salted"].astype(bool)
     by_load = accuracy_table(rows, ["load", "attack", "design", "salted"])
-    at_head = by_load[by_load["load"] == headline]
+    at_head = by_load[by_load["load"] == float(meta["headline_load"])]
     salt = load(results, STUDY, "salt_cost")
     salt["salted"] = salt["salted"].astype(bool)
+    return rows, meta, by_load, at_head, salt
+
+
+def make(results: Path, paper: Path) -> list[Path]:
+    rows, meta, by_load, at_head, salt = read_study(results)
+    headline = float(meta["headline_load"])
+    clock = clock_label(meta["cost_model"])
     model_path = results / MODEL_MODE
     model = model_mode_rows(pd.read_csv(model_path)) if model_path.exists() else None
 
     fig, axes = plt.subplots(2, 2, figsize=(7.0, 5.0))
-    accuracy_bars(axes[0, 0], at_head, f"simulation, background load {headline:.0%}")
+    accuracy_bars(axes[0, 0], at_head, f"simulation ({clock} clock), load {headline:.0%}")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=6, fontsize=6, frameon=False)
     ax = axes[0, 1]
@@ -125,7 +150,7 @@ def make(results: Path, paper: Path) -> list[Path]:
     ax.set_xlabel("background load (% of no-cache prefill capacity)")
     ax.set_ylabel("balanced accuracy")
     ax.set_ylim(0.3, 1.05)
-    ax.set_title("simulation against load (grey dotted: with salt)", fontsize=8)
+    ax.set_title(f"against load ({clock}; grey dotted: with salt)", fontsize=8)
     ax.legend(fontsize=6)
     if model is not None:
         model_table = accuracy_table(model, ["attack", "design", "salted"])
@@ -146,6 +171,12 @@ def make(results: Path, paper: Path) -> list[Path]:
     out = [save(fig, "side_channel", paper)]
     macros = values(rows, meta, by_load, at_head, salt, model, model_table, model_path.with_suffix(".json"))
     out.append(write_macros(paper, "side_channel", macros))
+    cpu: dict[str, str] = {"scMeasured": "no"}  # the paper guards the comparison with \ifx
+    if (results / CPU_CLOCK_RESULTS / STUDY / "config.json").exists():  # the study on the CPU clock
+        cpu = values(*read_study(results / CPU_CLOCK_RESULTS), None, None, model_path)
+        del cpu["scModelMeasured"]
+        cpu["scMeasured"] = "yes"
+    out.append(write_macros(paper, "side_channel_cpu", other_clock_macros(cpu, "sc")))
     return out
 
 
@@ -183,7 +214,7 @@ def model_values(model: pd.DataFrame, table: pd.DataFrame, meta_path: Path) -> d
 def values(rows: pd.DataFrame, meta: dict, by_load: pd.DataFrame, at_head: pd.DataFrame, salt: pd.DataFrame,
            model: pd.DataFrame | None, model_table: pd.DataFrame | None, model_meta: Path) -> dict[str, str]:
     cfg = json.loads(rows["attack_config"].iloc[0])
-    clock = meta["cost_model"]
+    clock = meta["cost_model"]  # the linear clock's three constants, or the roofline's
     loads = sorted(by_load["load"].unique())
     v = {
         "scSeeds": str(rows["seed"].nunique()),
@@ -195,10 +226,21 @@ def values(rows: pd.DataFrame, meta: dict, by_load: pd.DataFrame, at_head: pd.Da
         "scWholeProbes": str(2 * cfg["whole_victims"]),
         "scTokenProbes": str(2 * cfg["secret_len"] * cfg["token_victims"]),
         "scProbeSpacing": fmt(float(cfg["probe_spacing"]), 0),
+        "scClock": clock_text(clock),
         "scStepOverheadMs": fmt(clock["step_overhead_s"] * 1e3, 1),
-        "scPrefillTokenMs": fmt(clock["prefill_token_s"] * 1e3, 2),
-        "scDecodeTokenMs": fmt(clock["decode_token_s"] * 1e3, 2),
     }
+    if "prefill_token_s" in clock:  # the linear clock's per-token costs
+        v.update(scPrefillTokenMs=fmt(clock["prefill_token_s"] * 1e3, 2),
+                 scDecodeTokenMs=fmt(clock["decode_token_s"] * 1e3, 2))
+    # What a hit is worth against what a probe waits for, on this clock: a probe's prefill after
+    # the public prompt alone, the time one more cached token saves it, and a full step of
+    # others' prefill (what a probe may queue behind).
+    cost, probe, public = clock_from_constants(clock), AttackConfig(**cfg).probe_len, cfg["prefix_len"]
+    saved = cost.isolated_prefill_s(probe, public) - cost.isolated_prefill_s(probe, public + 1)
+    full = TOKEN_BUDGET * (TOKEN_BUDGET + 1) // 2
+    v.update(scProbeMs=fmt(float(cost.isolated_prefill_s(probe, public)) * 1e3, 1),
+             scTokenSavedUs=fmt(float(saved) * 1e6, 3),
+             scFullStepMs=fmt(cost.step_time(TOKEN_BUDGET, 0, 1, full, 0) * 1e3, 0))
     v.update(macros_for(at_head, "sc"))
     plain = by_load[~by_load["salted"]]
     v.update(macros_for(by_load[by_load["load"] == loads[0]], "scIdle"))

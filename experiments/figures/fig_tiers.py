@@ -1,5 +1,7 @@
-"""Figure and table: a host tier under the device pool. Reads ``results/tiers``; writes
-``figures/tiers``, ``generated/tiers.tex`` and ``generated/tiers_values.tex``.
+"""Figure and table: a host tier under the device pool. Reads ``results/tiers`` (and, if
+present, ``results/cpu_clock/tiers``: the same study under the CPU-measured clock); writes
+``figures/tiers``, ``generated/tiers.tex``, ``generated/tiers_values.tex`` and
+``generated/tiers_values_cpu.tex`` (the CPU clock's values as ``tierCpu...``).
 
 Hit rates are shares of the prompt tokens of the requests served (one arrival sample per
 trace); "pooled" is one device pool of both tiers' size, replayed: what a local tier could at
@@ -8,10 +10,18 @@ most recover. Bytes use Llama-3-8B's 128 KiB a token (``prefixcache.tiers``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+from prefixcache.experiments.figures.common import (
+    CPU_CLOCK_RESULTS,
+    clock_label,
+    clock_text,
+    other_clock_macros,
+)
 from prefixcache.experiments.figures.plotting import (
     PALETTE,
     SOURCE_WORD,
@@ -24,7 +34,10 @@ from prefixcache.experiments.figures.plotting import (
 )
 from prefixcache.experiments.figures.study_tiers import DESIGNS, STUDY, VARIANTS
 
+from prefixcache.cost_model import clock_from_constants
 from prefixcache.tiers import LLAMA3_8B_BYTES_PER_TOKEN, HostLink
+
+TOKEN_BUDGET = 2048  # the cells' (cell_config's default)
 
 LABEL_WORD = {
     "hashchain": "Hash",
@@ -47,7 +60,8 @@ def size_word(tokens: int) -> str:
     return words.get(int(tokens), "Size" + "".join("abcdefghij"[int(d)] for d in str(int(tokens))))
 
 
-def make(results: Path, paper: Path) -> list[Path]:
+def read_study(results: Path) -> tuple[Any, Any, list[str], list[int], list[int]]:
+    """(engine cells, pooled replays, traces, device sizes, host sizes) stored under ``results``."""
     df = load(results, STUDY)
     tiers = df[df["part"] == "tiers"].copy()
     pooled = df[df["part"] == "pooled"]
@@ -58,7 +72,14 @@ def make(results: Path, paper: Path) -> list[Path]:
     sources = [s for s in SOURCE_WORD if s in set(tiers["source"])]
     gpus = sorted(int(g) for g in tiers["capacity_tokens"].unique())
     hosts = sorted(int(h) for h in tiers["host_tokens"].unique())
+    return tiers, pooled, sources, gpus, hosts
+
+
+def make(results: Path, paper: Path) -> list[Path]:
+    tiers, pooled, sources, gpus, hosts = read_study(results)
     first, gpu0 = sources[0], gpus[0]
+    constants = json.loads(tiers["cost_model"].iloc[0])
+    clock = clock_text(constants)
 
     fig, axes = plt.subplots(1, 2, figsize=(7.2, 2.5))
     ax = axes[0]
@@ -123,12 +144,49 @@ def make(results: Path, paper: Path) -> list[Path]:
             )
     ax.set_xticks(np.arange(len(hosts)), [f"{millions(h)}M" for h in hosts], fontsize=7)
     ax.set_xlabel("host tier (tokens)", fontsize=7)
-    ax.set_ylabel("TTFT p90 (s, CPU-measured clock)")
+    ax.set_ylabel(f"TTFT p90 (s, {clock_label(constants)} clock)")
     ax.legend(fontsize=5.5)
     fig.tight_layout()
     out = [save(fig, STUDY, paper)]
+    rows, values = table_values(tiers, pooled, sources, gpus, hosts)
+    out.append(
+        write_table_tex(
+            paper,
+            STUDY,
+            HEADER,
+            rows,
+            "llrrrrrrrrrr",
+            f"A host tier under the device pool: the first {values['tierLimit']} requests of each "
+            "Mooncake trace on one engine at 70\\% of its no-cache load. Device and host: shares of "
+            "prompt tokens reused from each tier; pooled: one device pool of both sizes (replay). TTFT "
+            f"in simulated seconds (clock: {clock}) with host loads on a 50~GB/s link; bytes at "
+            "128~KiB a token (Llama-3-8B).",
+            "tab:tiers",
+            fit_width=True,
+        )
+    )
+    out.append(write_macros(paper, "tiers_values", values))
+    cpu: dict[str, str] = {"tierMeasured": "no"}  # the paper guards the comparison with \ifx
+    if (results / CPU_CLOCK_RESULTS / STUDY / "config.json").exists():  # the study on the CPU clock
+        cpu_study = read_study(results / CPU_CLOCK_RESULTS)
+        _, cpu = table_values(*cpu_study)
+        cpu["tierMaxHitGapPts"] = fmt(max_hit_gap(tiers, cpu_study[0]) * 100)
+        cpu["tierMeasured"] = "yes"
+    out.append(write_macros(paper, "tiers_values_cpu", other_clock_macros(cpu, "tier")))
+    return out
 
-    header = [
+
+def max_hit_gap(a: Any, b: Any) -> float:
+    """The largest difference of a device, host or total hit rate between two runs' cells."""
+    on = ["source", "label", "capacity_tokens", "host_tokens"]
+    rates = ["device_hit_rate", "host_hit_rate", "total_hit_rate"]
+    both = a[on + rates].merge(b[on + rates], on=on, suffixes=("", "_b"), validate="one_to_one")
+    if len(both) != len(a):
+        raise ValueError(f"the two runs have different cells: {len(a)} and {len(b)} -> {len(both)} matched")
+    return max(float((both[r] - both[f"{r}_b"]).abs().max()) for r in rates)
+
+
+HEADER = [
         "trace",
         "design",
         "GPU",
@@ -142,8 +200,18 @@ def make(results: Path, paper: Path) -> list[Path]:
         "stored GB",
         "host evicted M",
     ]
+
+
+def table_values(tiers: Any, pooled: Any, sources: list[str], gpus: list[int],
+                 hosts: list[int]) -> tuple[list[list[str]], dict[str, str]]:
+    """The table's rows and the paper's values (``tier...`` macros) of one run of the study."""
     rows = []
     values: dict[str, str] = {"tierLimit": str(int(tiers["limit"].iloc[0])) if "limit" in tiers else "--"}
+    constants = json.loads(tiers["cost_model"].iloc[0])
+    clock = clock_from_constants(constants)
+    values["tierClock"] = clock_text(constants)
+    full = TOKEN_BUDGET * (TOKEN_BUDGET + 1) // 2  # a fresh prefill filling a step
+    values["tierPrefillUsPerToken"] = fmt(clock.step_time(TOKEN_BUDGET, 0, 1, full, 0) / TOKEN_BUDGET * 1e6)
     gb = LLAMA3_8B_BYTES_PER_TOKEN / 1e9
     for source in sources:
         for label in [*DESIGNS, *VARIANTS]:
@@ -192,30 +260,13 @@ def make(results: Path, paper: Path) -> list[Path]:
                     hits = float(r0["host_hits"])
                     moved = float(r0["loaded_tokens"]) + float(r0["stored_tokens"])
                     values[f"{key}BytesPerHit"] = fmt(moved / hits, 1) if hits else "--"
-    out.append(
-        write_table_tex(
-            paper,
-            STUDY,
-            header,
-            rows,
-            "llrrrrrrrrrr",
-            f"A host tier under the device pool: the first {values['tierLimit']} requests of each "
-            "Mooncake trace on one engine at 70\\% of its no-cache load. Device and host: shares of "
-            "prompt tokens reused from each tier; pooled: one device pool of both sizes (replay). TTFT "
-            "in simulated seconds with host loads on a 50~GB/s link; bytes at 128~KiB a token "
-            "(Llama-3-8B).",
-            "tab:tiers",
-            fit_width=True,
-        )
-    )
     link = HostLink()  # the engine's default link, which the study uses
     values["tierLoadUsPerToken"] = fmt(link.bytes_per_token / link.bandwidth_bytes_per_s * 1e6)
     values["tierLinkGBs"] = fmt(link.bandwidth_bytes_per_s / 1e9, 0)
     for source in sources:
         at = tiers[(tiers["source"] == source)]
         values[f"tier{SOURCE_WORD[source]}PromptM"] = fmt(float(at["prompt_tokens"].iloc[0]) / 1e6)
-    out.append(write_macros(paper, "tiers_values", values))
-    return out
+    return rows, values
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,11 @@ what the replicas could serve without any cache (the same sample and the same re
 every router: only the router differs in a row of the table). Per cell: token hit rate (with a
 95% bootstrap interval over conversations), the router's prediction error (predicted vs reused
 tokens, split into its state and the queueing, ``analysis.routing``), time-weighted load
-imbalance, TTFT p50/p90/p99 from the cost model.
+imbalance, TTFT p50/p90/p99 on the simulated clock: by default the GPU roofline of Llama-3-8B
+on an H100 SXM (``CLOCK``), as in the TTFT and engine-trace studies; ``--clock cpu`` runs the
+clock measured on this CPU instead (each cell records its clock's constants, so a clock change
+reruns it). The arrival rescale is the clock's, so the trace's seconds differ between clocks
+while the offered load (``LOAD``) stays the same.
 
 Parts:
 - routers x designs on each trace (every scale);
@@ -58,10 +62,12 @@ from prefixcache.experiments.figures.common import (
 )
 from prefixcache.experiments.figures.study_engine_traces import conversations_by_id
 
-from prefixcache import CacheConfig, CostModel, make_cache
+from prefixcache import CacheConfig, make_cache
 from prefixcache.cluster import Cluster, make_router
+from prefixcache.cost_model import clock_from_constants, named_clock
 
 STUDY = "routing"
+CLOCK = "h100-llama3-8b"  # the default clock (cost_model.named_clock); "cpu" is the other
 LOAD = 0.7  # offered work / what the replicas serve with no cache
 PAGE = 16
 DESIGNS = {"hashchain": ("hashchain", PAGE), "radix": ("radix", PAGE)}
@@ -129,6 +135,7 @@ def cluster_config(
     limit: int | None,
     lag_s: float = 0.0,
     part: str = "routers",
+    clock: str = CLOCK,
 ) -> dict[str, Any]:
     label, name, options, events = next(r for r in ROUTERS if r[0] == router)
     backend, page = DESIGNS[design]
@@ -151,13 +158,14 @@ def cluster_config(
         load=LOAD,
         token_budget=2048,
         seed=0,
-        cost_model=CostModel.measured().constants(),
+        cost_model=named_clock(clock).constants(),
+        clock=clock,
     )
 
 
-def configs(scale: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(cluster cells, pooled-cache replay cells). The lag and local-vs-global parts run on
-    ``side_traces`` x ``side_designs`` only."""
+def configs(scale: str, clock: str = CLOCK) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(cluster cells, pooled-cache replay cells), cluster cells under ``clock``. The lag and
+    local-vs-global parts run on ``side_traces`` x ``side_designs`` only."""
     s = SCALE[check_scale(scale)]
     limit = s["limit"]
     exact = [label for label, *_, events in ROUTERS if events and label in s["routers"]]
@@ -166,7 +174,8 @@ def configs(scale: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         side = source in s["side_traces"]
         for n, cap, design in product(s["replicas"], s["capacities"], DESIGNS):
             cell = partial(
-                cluster_config, source=source, design=design, replicas=n, capacity=cap, limit=limit
+                cluster_config, source=source, design=design, replicas=n, capacity=cap, limit=limit,
+                clock=clock,
             )
             out += [cell(router=label) for label in s["routers"]]
             if side and design in s["side_designs"]:  # lag 0 is the routers part's cell
@@ -187,6 +196,7 @@ def configs(scale: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                         capacity=cap,
                         limit=limit,
                         part="local",
+                        clock=clock,
                     )
                 )
             backend, page = DESIGNS[design]
@@ -212,7 +222,7 @@ def rescaled_requests(config: dict[str, Any]) -> list[Any]:
 
     source, limit = config["source"], config["limit"]
     reqs = to_requests(read_mooncake(MOONCAKE_TRACES[source]), limit=limit, prefix=source)
-    factor = trace_arrival_scale(source, limit, CostModel(**config["cost_model"]), config["load"],
+    factor = trace_arrival_scale(source, limit, clock_from_constants(config["cost_model"]), config["load"],
                                  config["replicas"])
     for r in reqs:
         r.arrival_time = (r.arrival_time - reqs[0].arrival_time) * factor
@@ -260,7 +270,7 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
         router,
         token_budget=config["token_budget"],
         seed=config["seed"],
-        cost_model=CostModel(**config["cost_model"]),
+        cost_model=clock_from_constants(config["cost_model"]),
         kv_events=config["kv_events"],
         event_lag_s=config["event_lag_s"],
     )
@@ -277,7 +287,9 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
     rates = hit_rates(routes, n)
     per = np.array(rates["per_replica_hit_rate"], dtype=float)
     ttft = ok["ttft_s"]
-    cm = CostModel(**config["cost_model"])
+    clock = clock_from_constants(config["cost_model"])
+    # each hit's prefill saved, alone in its step: the same measure under either clock
+    saved = clock.isolated_prefill_s(prompts, 0 * hits) - clock.isolated_prefill_s(prompts, hits)
     row = {k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v for k, v in config.items()}
     row.update(
         requests=len(df),
@@ -294,7 +306,7 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
         ttft_p50_s=float(ttft.quantile(0.5)),
         ttft_p90_s=float(ttft.quantile(0.9)),
         ttft_p99_s=float(ttft.quantile(0.99)),
-        prefill_saved_s=float(hits.sum() * cm.prefill_token_s),
+        prefill_saved_s=float(np.sum(saved)),
         events_lost=cluster.events_lost,
         wall_s=time.perf_counter() - t0,
     )
@@ -329,8 +341,9 @@ def run(
     jobs: int = 2,
     executor: str = "joblib",
     address: str | None = None,
+    clock: str = CLOCK,
 ) -> Path:
-    cells, pooled = configs(scale)
+    cells, pooled = configs(scale, clock)
     rows = []
     t0 = time.perf_counter()
     for i, row in enumerate(_cells(cells, out, force, jobs, executor, address), 1):
@@ -362,6 +375,8 @@ def run(
             "limit": s["limit"],
             "routers": s["routers"],
             "lags": s["lags"],
+            "clock": clock,
+            "clock_source": str(named_clock(clock)),
         },
     )
     return out / STUDY
@@ -375,10 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--executor", choices=["joblib", "ray"], default="joblib")
     ap.add_argument("--address", default=None, help="a Ray cluster (with --executor ray)")
+    ap.add_argument("--clock", default=CLOCK, help=f"cost_model.named_clock name (default {CLOCK}; cpu)")
     a = ap.parse_args(argv)
     if a.address and a.executor != "ray":
         ap.error("--address names a Ray cluster: it needs --executor ray")
-    run(Path(a.out), a.scale, a.force, a.jobs, a.executor, a.address)
+    named_clock(a.clock)  # an unknown name fails here, listing the valid ones
+    run(Path(a.out), a.scale, a.force, a.jobs, a.executor, a.address, a.clock)
     return 0
 
 

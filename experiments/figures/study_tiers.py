@@ -11,7 +11,10 @@ The device pool holds ``gpu`` tokens; the host tier ``host`` more (0: none). Des
   write_back at one point): host copies of tree nodes, loaded at admission in the same forward.
 
 Per cell: device and host hit rates (``stats.hits`` / ``stats.host_hits`` over the prompt
-tokens), TTFT p50/p90/p99 on the simulated clock with host loads on a PCIe Gen5 link
+tokens), TTFT p50/p90/p99 on the simulated clock (by default the GPU roofline of Llama-3-8B on
+an H100 SXM, ``CLOCK``, as in the TTFT and engine-trace studies; ``--clock cpu`` the clock
+measured on this CPU: each cell records its clock's constants, and its arrival rescale is that
+clock's) with host loads on a PCIe Gen5 link
 (``prefixcache.tiers.HostLink``: Llama-3-8B's 128 KiB a token at 50 GB/s), bytes moved per
 host-hit token, host evictions. Beside them, one device pool of ``gpu + host`` tokens (a
 replay): the pooled hit rate a local host tier could at most recover.
@@ -30,15 +33,16 @@ from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
     cell_config,
     check_scale,
+    clock_study_main,
     run_cells,
     save_study,
-    study_main,
     trace_arrival_scale,
 )
 
-from prefixcache import CostModel
+from prefixcache.cost_model import Clock, named_clock
 
 STUDY = "tiers"
+CLOCK = "h100-llama3-8b"  # the default clock (cost_model.named_clock); "cpu" is the other
 LOAD = 0.7
 PAGE = 16
 # label -> (backend, host tier fields besides the size)
@@ -86,6 +90,7 @@ def tier_cell(
     gpu: int,
     host: int,
     fields: dict[str, Any],
+    clock: Clock,
 ) -> dict[str, Any]:
     options = {"host_tier": dict(fields, capacity_tokens=host)} if host else {}
     c = cell_config(
@@ -97,21 +102,23 @@ def tier_cell(
         options=options,
         label=label,
         limit=limit,
+        clock=clock,
     )
     c.update(part="tiers", host_tokens=host, arrival_scale=scale)
     return c
 
 
-def configs(scale: str) -> list[dict[str, Any]]:
+def configs(scale: str, clock: str = CLOCK) -> list[dict[str, Any]]:
+    """Every cell of ``scale``; engine cells under ``clock`` (a ``named_clock`` name)."""
     s = SCALE[check_scale(scale)]
-    cost = CostModel.measured()
+    cost = named_clock(clock)
     out = []
     for source in s["traces"]:
         factor = trace_arrival_scale(source, s["limit"], cost, LOAD)
         for label, (backend, fields) in DESIGNS.items():
             for gpu in s["gpus"]:
                 for host in s["hosts"]:
-                    out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields))
+                    out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields, cost))
                     if host:  # the pooled bound: one device pool as large as both tiers
                         c = cell_config(
                             STUDY,
@@ -127,13 +134,13 @@ def configs(scale: str) -> list[dict[str, Any]]:
                         out.append(c)
         gpu, host = s["variant_at"]
         for label, (backend, fields) in VARIANTS.items():
-            out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields))
+            out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields, cost))
     return out
 
 
-def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -> Path:
+def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2, clock: str = CLOCK) -> Path:
     s = SCALE[check_scale(scale)]
-    df = run_cells(configs(scale), out, force=force, jobs=jobs)
+    df = run_cells(configs(scale, clock), out, force=force, jobs=jobs)
     save_study(
         df,
         out,
@@ -145,13 +152,15 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2) -
             "limit": s["limit"],
             "designs": list(DESIGNS),
             "variants": list(VARIANTS),
+            "clock": clock,
+            "clock_source": str(named_clock(clock)),
         },
     )
     return out / STUDY
 
 
 def main(argv: list[str] | None = None) -> int:
-    return study_main(run, SCALE, __doc__, argv)
+    return clock_study_main(run, SCALE, __doc__, argv, CLOCK)
 
 
 if __name__ == "__main__":
