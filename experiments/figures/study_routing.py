@@ -289,7 +289,7 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
     ttft = ok["ttft_s"]
     clock = clock_from_constants(config["cost_model"])
     # each hit's prefill saved, alone in its step: the same measure under either clock
-    saved = clock.isolated_prefill_s(prompts, 0 * hits) - clock.isolated_prefill_s(prompts, hits)
+    saved = clock.isolated_prefill_s(prompts, 0) - clock.isolated_prefill_s(prompts, hits)
     row = {k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v for k, v in config.items()}
     row.update(
         requests=len(df),
