@@ -11,10 +11,11 @@ backend variant below, on one fixed setup so the rows compare:
 and prints per variant: prompt tokens/s and requests/s (wall time of the whole replay,
 request construction included) and where that time went: inside cache calls (the engine's
 ``cache_op_ns``, each batch timed once) less block hashing, block hashing (SHA-256 and pickle
-of each block, timed around ``hash_block_tokens``), building ``Request`` objects (the trace
-iterator), and the engine itself (scheduling and bookkeeping, the rest), plus the token hit
-rate. ``hashchain-p16-stored`` reads its prompt hashes from a trace store filled before the
-timed replay (experiments/inputs/trace_hashes.py: what every cell after a sweep's first does).
+of each block, timed around ``chain_block_hashes`` and ``hash_block_tokens``), building
+``Request`` objects (the trace iterator), and the engine itself (scheduling and bookkeeping,
+the rest), plus the token hit rate. ``hashchain-p16-stored`` reads its prompt hashes from a
+trace store filled before the timed replay (experiments/inputs/trace_hashes.py: what every
+cell after a sweep's first does).
 Writes ``results/bench/replay.csv``; ``--whole`` replays both whole traces once per variant
 into ``results/bench/engine_trace.csv`` (``make bench``). ``--profile VARIANT`` runs that one
 variant under cProfile and prints the top functions instead.
@@ -51,16 +52,22 @@ WHOLE_OUT = OUT.with_name("engine_trace.csv")
 
 
 class _TimedHashing:
-    """While active, the hasher's ``hash_block_tokens`` sums the time spent in it (the hashing
-    phase); the hash function itself stays the same object, which a prompt-hash store keys on."""
+    """While active, the hasher's ``chain_block_hashes`` and ``hash_block_tokens`` (blocks with
+    extra keys) sum the time spent in them (the hashing phase); the hash function itself stays
+    the same object, which a prompt-hash store keys on."""
+
+    NAMES = ("chain_block_hashes", "hash_block_tokens")
 
     def __init__(self) -> None:
         self.ns = 0
-        self._real = hashing.hash_block_tokens
+        self._real = {name: getattr(hashing, name) for name in self.NAMES}
 
     def __enter__(self) -> _TimedHashing:
-        real = self._real
+        for name, real in self._real.items():
+            setattr(hashing, name, self._timed(real))
+        return self
 
+    def _timed(self, real: Any) -> Any:
         def timed(*args: Any) -> Any:
             t0 = time.perf_counter_ns()
             try:
@@ -68,11 +75,11 @@ class _TimedHashing:
             finally:
                 self.ns += time.perf_counter_ns() - t0
 
-        hashing.hash_block_tokens = timed  # type: ignore[assignment]
-        return self
+        return timed
 
     def __exit__(self, *exc: object) -> None:
-        hashing.hash_block_tokens = self._real  # type: ignore[assignment]
+        for name, real in self._real.items():
+            setattr(hashing, name, real)
 
 
 def filled_store(records: Sequence[TraceRecord], limit: int | None, page: int, hash_fn: str) -> Any:
