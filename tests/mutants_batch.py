@@ -10,9 +10,15 @@ SUITES = [
     "tests/test_engine.py::test_deferred_decoders_past_the_budget_wait_as_one_by_one",
     "tests/test_engine.py::test_num_tokens_now_is_the_length_stepping_one_by_one_gives",
     "tests/test_radix_pool.py",
+    "tests/test_hashchain_block_pool.py",
 ]
 
 MUTANTS = {
+    "batch: a run of lazy blocks made anew though some were made before (a held block replaced)": (
+        "backends/hashchain/free_queue.py",
+        "        if out.count(None) == len(out):\n",
+        "        if out.count(None):\n",
+    ),
     "batch: a radix eviction's frees placed in call order at page size > 1 (each call's block goes first)": (
         "prefixcache/pool.py",
         "            self._put(np.concatenate(runs[::-1]))\n",

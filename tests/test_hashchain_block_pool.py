@@ -241,6 +241,20 @@ def test_a_huge_pool_creates_blocks_only_as_they_are_used() -> None:
     assert cache.usage().in_use == 3
 
 
+def test_a_run_of_lazy_blocks_makes_only_the_missing_ones_and_keeps_every_made_one() -> None:
+    """``LazyBlocks.run`` (the fresh run's hand-out): ids in order, a block made earlier is
+    the same object, made blocks stay made, whether the range is wholly new or mixed."""
+    from prefixcache.backends.hashchain.free_queue import LazyBlocks
+
+    blocks = LazyBlocks(12)
+    early = blocks[5]
+    assert [b.block_id for b in blocks.run(8, 11)] == [8, 9, 10]  # none made yet
+    mixed = blocks.run(3, 12)  # 5 and 8-10 made before
+    assert [b.block_id for b in mixed] == list(range(3, 12)) and mixed[2] is early
+    assert blocks.run(0, 12)[3:] == mixed and [b.block_id for b in blocks.created()] == list(range(12))
+    assert blocks.run(12, 20) == [] and all(blocks[i] is mixed[i - 3] for i in range(3, 12))
+
+
 @pytest.mark.parametrize("backend", ["hashchain", "radix", "none"])
 def test_a_pool_too_large_to_allocate_is_a_clear_error(backend: str) -> None:
     with pytest.raises(ValueError, match="memory|GiB"):

@@ -7,7 +7,9 @@ each against the plain form it replaced, on the same input:
   block) vs an evict call per block;
 * caching 2048 blocks: ``insert_many`` (one ``setdefault`` per block) vs ``insert`` per block;
 * hashing a 2048-block chain with sha256: ``chain_block_hashes`` (pickle and digest called in
-  its loop) vs ``hash_block_tokens`` per block.
+  its loop) vs ``hash_block_tokens`` per block;
+* handing out 4096 never-used blocks: ``LazyBlocks.run`` (one ``map`` for a wholly new run) vs
+  a block made per position in a Python loop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, BlockPool
+from prefixcache.backends.hashchain.free_queue import LazyBlocks
 from prefixcache.backends.hashchain.hashing import (
     BlockHash,
     chain_block_hashes,
@@ -176,3 +179,22 @@ def test_bench_hashing_a_chain(benchmark, form: str) -> None:  # type: ignore[no
     chain = chain_inlined if form == "chain_block_hashes" else chain_per_call
     benchmark.group = "hash a 2048-block chain (sha256)"
     assert benchmark(chain, blocks) == chain_per_call(blocks)
+
+
+def run_per_position(blocks: LazyBlocks, lo: int, hi: int) -> list[KVCacheBlock]:
+    """The plain form: each position checked and its block made in the loop."""
+    made, out = blocks._blocks, blocks._blocks[lo:hi]
+    for k, block in enumerate(out):
+        if block is None:
+            out[k] = made[lo + k] = blocks.make_block(lo + k)
+    return out  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("form", ["LazyBlocks.run", "per position"])
+def test_bench_handing_out_fresh_blocks(benchmark, form: str) -> None:  # type: ignore[no-untyped-def]
+    def hand_out(blocks: LazyBlocks) -> list[KVCacheBlock]:
+        return blocks.run(0, 4096) if form == "LazyBlocks.run" else run_per_position(blocks, 0, 4096)
+
+    benchmark.group = "hand out 4096 never-used blocks"
+    out = benchmark.pedantic(hand_out, setup=lambda: ((LazyBlocks(4096),), {}), rounds=100)
+    assert [b.block_id for b in out] == list(range(4096))
