@@ -416,31 +416,23 @@ def save_study(df: pd.DataFrame, out_root: Path, study: str, meta: dict[str, Any
     print(f"{study}: {len(df)} cells -> {out_root / study}")
 
 
-def study_main(run: Callable[[Path, str, bool, int], Path], scales: Sequence[str], doc: str | None,
-               argv: list[str] | None) -> int:
-    """The command line every study script shares: --scale, --out, --force, --jobs."""
+def study_main(run: Callable[..., Path], scales: Sequence[str], doc: str | None,
+               argv: list[str] | None, default_clock: str | None = None) -> int:
+    """The command line every study script shares: --scale, --out, --force, --jobs; with
+    ``default_clock``, also --clock (a ``cost_model.named_clock`` name), for the engine studies
+    whose clock is a parameter (passed to ``run`` as ``clock=``)."""
     ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     ap.add_argument("--scale", default="default", choices=list(scales))
     ap.add_argument("--out", default="results")
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
+    if default_clock is not None:
+        ap.add_argument("--clock", default=default_clock,
+                        help=f"the simulated clock (default {default_clock}; cpu)")
     a = ap.parse_args(argv)
-    run(Path(a.out), a.scale, a.force, a.jobs)
-    return 0
-
-
-def clock_study_main(run: Callable[..., Path], scales: Sequence[str], doc: str | None,
-                     argv: list[str] | None, default_clock: str) -> int:
-    """``study_main``'s command line plus ``--clock`` (a ``cost_model.named_clock`` name), for the
-    engine studies whose clock is a parameter."""
-    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
-    ap.add_argument("--scale", default="default", choices=list(scales))
-    ap.add_argument("--out", default="results")
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--clock", default=default_clock,
-                    help=f"the simulated clock (default {default_clock}; cpu)")
-    a = ap.parse_args(argv)
+    if default_clock is None:
+        run(Path(a.out), a.scale, a.force, a.jobs)
+        return 0
     try:
         named_clock(a.clock)
     except ValueError as e:

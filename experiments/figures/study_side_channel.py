@@ -37,9 +37,9 @@ from prefixcache.experiments.analysis.side_channel import (
 from prefixcache.experiments.figures.common import (
     cell_name,
     check_scale,
-    clock_study_main,
     flat_config,
     save_study,
+    study_main,
     write_table,
 )
 
@@ -140,7 +140,7 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2, c
 
 
 def main(argv: list[str] | None = None) -> int:
-    return clock_study_main(run, SCALE, __doc__, argv, CLOCK)
+    return study_main(run, SCALE, __doc__, argv, CLOCK)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
     cell_config,
     check_scale,
-    clock_study_main,
     run_cells,
     save_study,
+    study_main,
     trace_arrival_scale,
 )
 
@@ -160,7 +160,7 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2, c
 
 
 def main(argv: list[str] | None = None) -> int:
-    return clock_study_main(run, SCALE, __doc__, argv, CLOCK)
+    return study_main(run, SCALE, __doc__, argv, CLOCK)
 
 
 if __name__ == "__main__":
