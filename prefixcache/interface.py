@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
 from prefixcache.config import CacheConfig
-from prefixcache.invariants import ensure
+from prefixcache.invariants import check_usage, ensure
 from prefixcache.kv_event_sink import KVEventSink
 from prefixcache.pool import PageUsage
 from prefixcache.prefill_chunking import TAKE_ALL, PrefillChunking
@@ -543,10 +543,7 @@ class PrefixCache(ABC, Generic[S]):
 
     def check_invariants(self) -> None:
         """Raise InvariantError unless the bookkeeping is consistent. Backends extend this."""
-        u = self.usage()
-        ensure(min(u) >= 0, f"negative page count in {u}")
-        usable = self.num_usable_pages()
-        ensure(sum(u) == usable, f"pages free + evictable + in use = {sum(u)} != {usable} usable")
+        check_usage("device", self.usage(), self.num_usable_pages())
         for rid, live in self._live.items():
             req = live.request
             ensure(rid == req.request_id, f"live entry {rid!r} holds request {req.request_id!r}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from prefixcache.config import check_positive_int
-from prefixcache.invariants import ensure
+from prefixcache.invariants import check_usage
 from prefixcache.pool import PageUsage
 from prefixcache.request import Request
 
@@ -194,10 +194,7 @@ class HostTier(ABC):
     def check_usage(self) -> None:
         """Raise InvariantError unless ``usage`` adds up (the backends' ``check_invariants``
         call it, then check their own bookkeeping)."""
-        host = self.usage()
-        ensure(min(host) >= 0, f"negative host page count in {host}")
-        ensure(sum(host) == self.num_pages(),
-               f"host pages free + evictable + in use = {sum(host)} != {self.num_pages()}")
+        check_usage("host", self.usage(), self.num_pages())
 
 
 # Llama-3-8B: 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes (REFERENCE-tiers.md section 6).

@@ -14,7 +14,7 @@ import numpy as np
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.tree import SlotArray
 
-from prefixcache.interface import PageUsage, PrefixCache, ensure
+from prefixcache.interface import PrefixCache, ensure
 from prefixcache.kv_event_sink import KVEventSink
 from prefixcache.pool import PageIds, PageTable
 from prefixcache.request import Request
@@ -88,11 +88,6 @@ class RadixAdapter(PrefixCache[S]):
         if decode:
             return p, 1
         return num_tokens + p, num_tokens // p + 2
-
-    @staticmethod
-    def _check_usage(pool: str, usage: PageUsage, total: int) -> None:
-        ensure(min(usage) >= 0, f"{pool} pool: negative count in {usage}")
-        ensure(sum(usage) == total, f"{pool} pool: free + evictable + in use = {sum(usage)} != {total}")
 
     def _check_request_pages(self, tree_pages: set[int], free: set[int], usable: int) -> None:
         """Every usable page (of the pool page tables point into) is free, the tree's, or one

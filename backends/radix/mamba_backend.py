@@ -35,6 +35,7 @@ from prefixcache.backends.radix.tree import SlotArray
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, Match, PageUsage, ensure
+from prefixcache.invariants import check_usage
 from prefixcache.pool import PagePool, PageTable
 from prefixcache.request import Request
 
@@ -370,8 +371,8 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         return PageUsage(free, evictable, self.sizes.states - free - evictable)
 
     def check_invariants(self) -> None:
-        self._check_usage("KV", self.usage(), self.sizes.kv_tokens)
-        self._check_usage("state", self.state_usage(), self.sizes.states)
+        check_usage("KV", self.usage(), self.sizes.kv_tokens)
+        check_usage("state", self.state_usage(), self.sizes.states)
         self.kv.check()
         self.states.check()
         try:

@@ -48,6 +48,7 @@ from prefixcache.backends.radix.tree import SlotArray
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, ensure
+from prefixcache.invariants import check_usage
 from prefixcache.pool import PageIds, PageTable
 from prefixcache.request import Request
 
@@ -359,8 +360,8 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         return PageUsage(free, evictable, self.pool.swa.num_pages - 1 - free - evictable)
 
     def check_invariants(self) -> None:
-        self._check_usage("full", self.usage(), self.pool.full.num_pages - 1)
-        self._check_usage("swa", self.swa_usage(), self.pool.swa.num_pages - 1)
+        check_usage("full", self.usage(), self.pool.full.num_pages - 1)
+        check_usage("swa", self.swa_usage(), self.pool.swa.num_pages - 1)
         try:
             self.pool.check()
             self.tree.check()
