@@ -669,10 +669,7 @@ class Engine:
     def _next_output_token(self, req: Request, position: int) -> int:
         """The planned or simulated token at output ``position``, the request's next (its
         tokens are made on its first decode step and kept while it runs)."""
-        tokens = self._outputs.get(req.request_id)  # made on its first decode step, kept
-        if tokens is None or position >= len(tokens):
-            tokens = self._output_tokens(req, position)
-        return tokens[position]
+        return self._output_tokens(req, position)[position]
 
     def _output_tokens(self, req: Request, position: int | None = None) -> list[int]:
         """``req``'s planned or simulated output tokens by position, one past those it has at

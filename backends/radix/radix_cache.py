@@ -135,11 +135,9 @@ class RadixCache:
         end = len(key)
         stop = end if indices_to is None else min(indices_to, end)
         if along is not None:
-            leaf_entry = self._leaf_entry
             for child in self._path_from_root(along):
                 child.last_access_time = now
-                if child.id in leaf_entry:  # _refresh, inline: this walk runs down every path
-                    self._update_leaf_status(child)
+                self._refresh(child)
                 value = child.value
                 assert value is not None
                 pos += len(value)  # a slot per token of its key
@@ -211,24 +209,16 @@ class RadixCache:
         pos = 0
         end = len(key)
         if along is not None:
-            leaf_entry = self._leaf_entry
             for child in self._path_from_root(along):
                 child.last_access_time = now  # as _descend stamps and re-sorts it
-                # _refresh, inline (this walk runs down every path): re-sorted as it is
-                # stamped, and again once its keys' other inputs changed (a policy's key may
-                # read its own earlier state: wa)
-                listed = child.id in leaf_entry
-                if listed:
-                    self._update_leaf_status(child)
-                if child.priority < priority:
-                    child.priority = priority
+                self._refresh(child)
+                child.priority = max(child.priority, priority)
                 assert child.value is not None
                 pos += len(child.value)  # a slot per token of its key
                 if pos > hit_from:
                     child.hit_count += 1
                 child.tail_tokens = end - pos
-                if listed:
-                    self._update_leaf_status(child)
+                self._refresh(child)
             assert pos <= end, "along: the node's path is longer than the key"
             node = along
         while pos < end:
