@@ -7,6 +7,7 @@ from prefixcache.experiments.inputs.traces import (
     MOONCAKE_BLOCK,
     TraceError,
     TraceRecord,
+    block_tokens,
     data_dir,
     hash_ids_of,
     infinite_cache_block_hit_rate,
@@ -94,6 +95,8 @@ def test_a_trace_prompt_range_reads_as_the_built_prompt_without_building_it() ->
     for r in (req, built):
         r.append_output_token_ids([1, 2, 3])
     full = list(built.all_token_ids)  # builds ``built``'s prompt
+    blocks = [t for h in rec.hash_ids for t in block_tokens(h).tolist()]
+    assert full[:1300] == blocks[:1300], "the prompt is its blocks' tokens, cut to its length"
     edges = [0, 1, 511, 512, 513, 1023, 1024, 1299, 1300, 1301, 1303]
     ranges = [(s, e) for s in edges for e in edges if s <= e]
     assert [req.token_ids(s, e) for s, e in ranges] == [full[s:e] for s, e in ranges]

@@ -134,7 +134,7 @@ def chain_block_hashes(
             out.append(parent)
         return
     for block in blocks:
-        parent = BlockHash(hash_fn((parent, tuple(block), None)))
+        parent = hash_block_tokens(hash_fn, parent, block, None)
         out.append(parent)
 
 

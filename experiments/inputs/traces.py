@@ -182,15 +182,16 @@ def mooncake_prompt(rec: TraceRecord, vocab_size: int = 32_000) -> list[int]:
 
 
 def _mooncake_prompt_array(rec: TraceRecord, vocab_size: int) -> np.ndarray:
-    return _blocks_tokens(rec.hash_ids, vocab_size)[: rec.input_length]
+    return _mooncake_prompt_range(rec, vocab_size, 0, rec.input_length)
 
 
 def _mooncake_prompt_range(rec: TraceRecord, vocab_size: int, start: int, end: int) -> np.ndarray:
-    """Tokens [start, end) of ``_mooncake_prompt_array(rec)``, from the blocks they lie in."""
+    """Tokens [start, end) of the prompt, from the blocks they lie in."""
+    end = min(end, rec.input_length)
     first = start // MOONCAKE_BLOCK
-    blocks = rec.hash_ids[first : -(-min(end, rec.input_length) // MOONCAKE_BLOCK)]
     offset = first * MOONCAKE_BLOCK
-    return _blocks_tokens(blocks, vocab_size)[start - offset : min(end, rec.input_length) - offset]
+    tokens = _blocks_tokens(rec.hash_ids[first : -(-end // MOONCAKE_BLOCK)], vocab_size)
+    return tokens[start - offset : end - offset]
 
 
 def hash_ids_of(prompts: Sequence[Sequence[int]], block: int = MOONCAKE_BLOCK) -> list[tuple[int, ...]]:
