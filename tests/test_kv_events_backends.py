@@ -305,7 +305,8 @@ def run_ops(cache: PrefixCache[Any], ops: list[tuple[Any, ...]]) -> Iterator[lis
                 cache_salt="s" if salted and i % 2 else None,
             )
             m = cache.lookup(req)
-            if cache.allocate(req, min(req.num_tokens - m.tokens, 24), m):
+            hit = m.tokens + m.host_tokens  # (a host hit is loaded by the admission, as the engine does)
+            if cache.allocate(req, min(req.num_tokens - hit, 24), m):
                 live.append(req)
         elif op[0] == "step" and live:
             req = live[op[1] % len(live)]
@@ -484,3 +485,24 @@ def test_hashchain_publishes_hash_bytes_with_vllms_int_hashes_off() -> None:
     with pytest.raises(ValueError, match="event_request"):
         cache.block_pool.cache_full_blocks([b"k" * 36], [block], 0, 1)
     assert block.block_hash is None, "the refused call changed the pool"
+
+
+@given(
+    tokens=st.lists(st.integers(min_value=0, max_value=(1 << 33)), max_size=40),
+    page_size=st.integers(min_value=1, max_value=6),
+    salted=st.booleans(),
+)
+def test_page_digests_chain_page_digest_over_every_whole_page(
+    tokens: list[int], page_size: int, salted: bool
+) -> None:
+    """The run's one encoding gives SGLang's per-page digests, ids past 32 bits included (their
+    pages take the wide encoding), and a partial last page is left out."""
+    from prefixcache.backends.radix.events import page_digest, page_digests
+
+    arr = np.array(tokens, dtype=np.int64)
+    prior = hashlib.sha256(b"salt").digest() if salted else None
+    expected, chain = [], prior
+    for start in range(0, len(arr) - len(arr) % page_size, page_size):
+        chain = page_digest(chain, arr[start : start + page_size])
+        expected.append(chain)
+    assert page_digests(prior, arr, page_size) == expected

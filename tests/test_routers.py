@@ -6,9 +6,13 @@ tested."""
 from __future__ import annotations
 
 import math
+import os
 import random
 
+import numpy as np
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from prefixcache import Request
 from prefixcache.cluster import ReplicaState, TokenText, make_router
@@ -298,3 +302,42 @@ def test_token_text_spells_through_its_table_exactly_as_token_by_token() -> None
                     break
                 expected += 1
             assert fast.tokens_within(tokens, chars) == expected
+
+
+@given(
+    spellings=st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=12),
+    picks=st.lists(st.integers(min_value=0, max_value=11), max_size=30),
+    chars=st.integers(min_value=0, max_value=160),
+)
+@example(spellings=["ab", "\0", "c"], picks=[0, 1, 2, 1], chars=4)  # one byte, a NUL spelled
+@example(spellings=["x\ud800", "\u20ac", "\0y"], picks=[1, 0, 2], chars=3)  # wide, a lone surrogate
+@example(spellings=["ab", "cde"], picks=[1, 0, 1], chars=5)  # one byte, NUL only as padding
+def test_spelling_table_gathers_exactly_the_spellings_one_after_another(
+    spellings: list[str], picks: list[int], chars: int
+) -> None:
+    """Every layout of the table (one-byte codes with NUL only as padding, one-byte codes with a
+    NUL spelled, wide code points and lone surrogates) spells a prompt and counts the tokens
+    within a character offset exactly as a Python step per token does."""
+    from prefixcache.cluster.text import SpellingTable
+
+    table = SpellingTable(spellings)
+    ids = np.array([i % len(spellings) for i in picks], dtype=np.int64)
+    assert table.text(ids) == "".join(spellings[i] for i in ids)
+    expected, end = 0, 0
+    for i in ids:
+        end += len(spellings[i])
+        if end > chars:
+            break
+        expected += 1
+    assert table.tokens_within(ids, chars) == expected
+
+
+def test_common_prefix_length_is_commonprefix_without_the_copy() -> None:
+    from prefixcache.cluster.routers.char_tree import common_prefix_length
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        edge = "".join(rng.choice("ab") for _ in range(rng.randint(0, 40)))
+        text = "".join(rng.choice("ab") for _ in range(rng.randint(0, 40)))
+        start = rng.randint(0, len(text))
+        assert common_prefix_length(edge, text, start) == len(os.path.commonprefix([edge, text[start:]]))

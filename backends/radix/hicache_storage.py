@@ -41,7 +41,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
-from prefixcache.backends.radix.events import MEDIUM_HOST, page_digest
+from prefixcache.backends.radix.events import MEDIUM_HOST, page_digests
 from prefixcache.backends.radix.hicache_tree import HiRadixCache
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS
@@ -79,13 +79,7 @@ def namespace_seed(extra_key: Hashable | None) -> bytes | None:
 
 def page_keys(key: RadixKey, page_size: int) -> list[bytes]:
     """The storage key of every whole page of ``key`` (a chain from its first page)."""
-    prior = namespace_seed(key.extra_key)
-    ids = np.asarray(key.token_ids, dtype=np.int64)
-    out: list[bytes] = []
-    for start in range(0, len(ids) - len(ids) % page_size, page_size):
-        prior = page_digest(prior, ids[start : start + page_size])
-        out.append(prior)
-    return out
+    return page_digests(namespace_seed(key.extra_key), np.asarray(key.token_ids, dtype=np.int64), page_size)
 
 
 class L3Store:

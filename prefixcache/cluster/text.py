@@ -14,12 +14,46 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
+import numpy as np
+import numpy.typing as npt
 import xxhash
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 # Ids below this are spelled once into a table on first use (a router spells millions of
-# tokens per trace; a list index is several times cheaper than the dict and the hash).
+# tokens per trace: a whole prompt is then spelled and measured by numpy gathers, not a
+# Python step per token).
 TABLE_SIZE = 1 << 16
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
+
+
+class SpellingTable:
+    """The spellings of ids ``0..n-1`` as rows of character codes padded to one width, and their
+    lengths, so that a prompt's text and its character offsets are array operations. Each row
+    is gathered as one opaque item (a void view: one copy of ``width`` codes, not a 2-D fancy
+    index), then a mask of each row's leading ``length`` codes drops the padding."""
+
+    def __init__(self, spellings: Sequence[str]) -> None:
+        width = max(map(len, spellings), default=1)
+        self.lengths = np.fromiter(map(len, spellings), dtype=np.int64, count=len(spellings))
+        joined = "".join(s.ljust(width, "\0") for s in spellings)
+        wide = any(ord(c) > 0xFF for c in set(joined))
+        self.codec = "utf-32-le" if wide else "latin-1"
+        self.dtype: type[np.unsignedinteger] = np.uint32 if wide else np.uint8
+        codes = np.frombuffer(joined.encode(self.codec, "surrogatepass"), dtype=self.dtype)
+        self._rows = codes.view(f"V{width * codes.itemsize}")  # one item per spelling
+        leading = np.arange(width) < np.arange(width + 1)[:, None]  # [k]: the first k of width
+        self._masks = leading.view(f"V{width}").reshape(-1)
+
+    def text(self, ids: npt.NDArray[np.int64]) -> str:
+        """The spellings of ``ids`` one after another."""
+        codes = self._rows[ids].view(self.dtype)
+        kept = self._masks[self.lengths[ids]].view(np.bool_)
+        return codes[kept].tobytes().decode(self.codec, "surrogatepass")
+
+    def tokens_within(self, ids: npt.NDArray[np.int64], num_chars: int) -> int:
+        """Leading ids whose spellings end within the first ``num_chars`` characters."""
+        ends = np.cumsum(self.lengths[ids])  # strictly increasing: every spelling has a character
+        return int(np.searchsorted(ends, num_chars, side="right"))
 
 
 class TokenText:
@@ -29,7 +63,7 @@ class TokenText:
         self.seed = seed
         self.max_chars = max_chars
         self._spelled: dict[int, str] = {}
-        self._table: list[str] | None = None
+        self._table: SpellingTable | None = None
 
     def spell(self, token: int) -> str:
         s = self._spelled.get(token)
@@ -44,28 +78,34 @@ class TokenText:
             s = self._spelled[token] = "".join(chars)
         return s
 
-    def text(self, tokens: Sequence[int]) -> str:
-        table = self._spellings(tokens)
-        if table is not None:
-            return "".join(map(table.__getitem__, tokens))
-        return "".join(self.spell(t) for t in tokens)
+    def text(self, tokens: TokenIds) -> str:
+        ids = self._in_table(tokens)
+        if ids is not None:
+            return self._spellings().text(ids)
+        return "".join(self.spell(int(t)) for t in tokens)
 
-    def _spellings(self, tokens: Sequence[int]) -> list[str] | None:
-        """The table of spellings if every id of ``tokens`` is in it (else None)."""
-        if not len(tokens) or min(tokens) < 0 or max(tokens) >= TABLE_SIZE:
-            return None
-        if self._table is None:
-            self._table = [self.spell(t) for t in range(TABLE_SIZE)]
-        return self._table
-
-    def tokens_within(self, tokens: Sequence[int], num_chars: int) -> int:
+    def tokens_within(self, tokens: TokenIds, num_chars: int) -> int:
         """Leading tokens whose whole spelling lies in the first ``num_chars`` characters: the
         token count a character match of that length stands for."""
-        table = self._spellings(tokens)
-        spell = table.__getitem__ if table is not None else self.spell
+        ids = self._in_table(tokens)
+        if ids is not None:
+            return self._spellings().tokens_within(ids, num_chars)
         n = 0
-        for end in accumulate(len(spell(t)) for t in tokens):
+        for end in accumulate(len(self.spell(int(t))) for t in tokens):
             if end > num_chars:
                 break
             n += 1
         return n
+
+    @staticmethod
+    def _in_table(tokens: TokenIds) -> npt.NDArray[np.int64] | None:
+        """``tokens`` as an id array if every one of them is spelled in the table, else None."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.ndim != 1 or not ids.size or ids.min() < 0 or ids.max() >= TABLE_SIZE:
+            return None
+        return ids
+
+    def _spellings(self) -> SpellingTable:
+        if self._table is None:
+            self._table = SpellingTable([self.spell(t) for t in range(TABLE_SIZE)])
+        return self._table

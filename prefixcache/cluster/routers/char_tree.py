@@ -9,8 +9,24 @@ tenant's least recently used leaves until it fits.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
+
+
+def common_prefix_length(edge: str, text: str, start: int) -> int:
+    """``len(os.path.commonprefix([edge, text[start:]]))`` in C string compares: a whole edge
+    that matches (the common case on a path) is one ``startswith``; otherwise a binary search
+    over prefixes of ``edge``. No copy of ``text`` and no Python step per character (prompts
+    are tens of thousands of characters and edges as long)."""
+    if text.startswith(edge, start):
+        return len(edge)
+    lo, hi = 0, min(len(edge), len(text) - start)  # edge[:lo] matches; edge[:hi + 1] does not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if text.startswith(edge[lo:mid], start + lo):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(eq=False)
@@ -47,7 +63,7 @@ class CharTree:
                 node.children[text[i]] = leaf
                 self._touch(leaf, tenant, now)
                 return
-            shared = len(os.path.commonprefix([child.text, text[i:]]))
+            shared = common_prefix_length(child.text, text, i)
             if shared < len(child.text):
                 child = self._split(child, shared)
             self._touch(child, tenant, now)
@@ -61,7 +77,7 @@ class CharTree:
             child = node.children.get(text[i])
             if child is None:
                 break
-            shared = len(os.path.commonprefix([child.text, text[i:]]))
+            shared = common_prefix_length(child.text, text, i)
             i += shared
             node = child
             if shared < len(child.text):
@@ -81,7 +97,7 @@ class CharTree:
             child = node.children.get(text[i])
             if child is None or tenant not in child.tenants:
                 break
-            shared = len(os.path.commonprefix([child.text, text[i:]]))
+            shared = common_prefix_length(child.text, text, i)
             i += shared
             if shared < len(child.text):
                 break

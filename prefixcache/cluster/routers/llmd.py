@@ -121,9 +121,9 @@ class LLMD(Router):
         return tied[self._rr % len(tied)]
 
     def route(self, req: Request, replicas: Sequence[ReplicaState], now: float) -> Route:
-        tokens = req.prompt_token_ids
         if self.index is not None:
             return self._route_precise(req, replicas)
+        tokens = req.prompt_array  # spelled as text by numpy gathers
         text = self.text.text(tokens)
         hashes = prompt_block_hashes(text, self.model, self.block_chars, self.max_blocks)
         scores = {"prefix": self.prefix_scores(hashes), **self.load_scores(replicas)}
@@ -147,7 +147,7 @@ class LLMD(Router):
 
     def _route_precise(self, req: Request, replicas: Sequence[ReplicaState]) -> Route:
         assert self.index is not None
-        tokens = req.prompt_token_ids
+        tokens = req.prompt_array
         hashes = chained_block_hashes(tokens, self.index.block_size)
         overlaps = [self.index.overlap(k, hashes) for k in range(self.num_replicas)]
         lo, hi = min(overlaps), max(overlaps)

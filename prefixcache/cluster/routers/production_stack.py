@@ -52,7 +52,7 @@ class ProductionStackPrefixAware(Router):
         return depth, holders
 
     def route(self, req: Request, replicas: Sequence[ReplicaState], now: float) -> Route:
-        tokens = req.prompt_token_ids
+        tokens = req.prompt_array  # spelled as text by numpy gathers
         text = self.text.text(tokens)
         hashes = chunk_hashes(text, self.chunk_chars)
         depth, holders = self.longest_match(hashes, set(range(self.num_replicas)))

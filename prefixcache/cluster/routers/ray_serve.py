@@ -36,7 +36,7 @@ class RayServePrefixAffinity(Router):
         self.tree = CharTree()
 
     def route(self, req: Request, replicas: Sequence[ReplicaState], now: float) -> Route:
-        tokens = req.prompt_token_ids
+        tokens = req.prompt_array  # spelled as text by numpy gathers
         text = self.text.text(tokens)
         queues = [r.active_requests for r in replicas]
         if max(queues) - min(queues) > self.imbalanced_threshold:

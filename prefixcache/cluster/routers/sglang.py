@@ -68,7 +68,7 @@ class SGLangCacheAware(Router):
         if now - self._last_eviction >= self.eviction_interval_s:
             self.tree.evict_tenant_by_size(self.max_tree_size)
             self._last_eviction = now
-        tokens = req.prompt_token_ids
+        tokens = req.prompt_array  # spelled as text by numpy gathers
         text = self.text.text(tokens)
         if self.is_imbalanced():
             k, branch = least_loaded(self.load), "balance"
