@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: decomposition-full divergence engine-traces-full setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
+.PHONY: decomposition-full divergence engine-traces-full routing-full setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -79,6 +79,14 @@ whole-traces-full: $(STAMP)
 # default scale reruns 8 of those cells and checks them against it).
 engine-traces-full: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.figures.study_engine_traces --scale full --out results
+
+# The routing study's full grid (whole traces, 4/8/16 replicas x 1M/3M tokens, loads 0.5/0.8/1.0,
+# every router: 984 cells of about a minute on 2 cores), as Ray tasks: results/routing_full/,
+# committed and resumed from its table; MAX_CELLS=N runs only the next N missing cells, so the
+# grid can span sessions.
+routing-full: $(STAMP)
+	$(BIN)/python -m prefixcache.experiments.figures.study_routing --scale full --out results \
+		--executor ray --jobs $(or $(JOBS),2) $(if $(MAX_CELLS),--max-cells $(MAX_CELLS),)
 
 # The decomposition study's full grid, whole traces included (about 40 minutes on 2 cores):
 # results/decomposition_full/, committed.

@@ -4,11 +4,14 @@ measured wall time (issue 17: cluster studies run their cells as a sweep does)."
 
 from __future__ import annotations
 
+import itertools
 import json
+import shutil
 
 import pandas as pd
 import pytest
 from prefixcache.experiments.figures import study_routing as sr
+from prefixcache.experiments.figures.common import read_table
 
 from prefixcache import CostModel, RooflineClock
 from prefixcache.cost_model import named_clock
@@ -60,14 +63,14 @@ def _table(rows: list[dict]) -> pd.DataFrame:
 def test_cells_on_a_local_ray_match_joblib_and_are_read_back(tmp_path, trace_data) -> None:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
     todo = cells()
-    joblib_rows = list(sr._cells(todo, tmp_path / "joblib", False, 2, "joblib", None))
+    joblib_rows = list(sr._cells(todo, tmp_path / "joblib", False, 2, "joblib", None, sr.STUDY))
     try:
-        ray_rows = list(sr._cells(todo, tmp_path / "ray", False, 2, "ray", None))
+        ray_rows = list(sr._cells(todo, tmp_path / "ray", False, 2, "ray", None, sr.STUDY))
     except Exception as e:  # only a machine where Ray cannot start at all may skip
         pytest.skip(f"a local Ray could not start here: {type(e).__name__}: {e}")
     assert not ray.is_initialized()
     pd.testing.assert_frame_equal(_table(ray_rows), _table(joblib_rows))
-    again = list(sr._cells(todo, tmp_path / "joblib", False, 1, "joblib", None))
+    again = list(sr._cells(todo, tmp_path / "joblib", False, 1, "joblib", None, sr.STUDY))
     assert again == joblib_rows  # stored cells come back as they were written (wall time included)
 
 
@@ -88,3 +91,45 @@ def test_a_cells_hit_interval_resamples_whole_conversations(trace_data) -> None:
     assert (row["hit_rate_lo"], row["hit_rate_hi"]) == grouped_ratio_ci95(hits, prompts, groups)
     assert (row["hit_rate_lo"], row["hit_rate_hi"]) != grouped_ratio_ci95(hits, prompts, np.arange(len(ok)))
     assert row["ci_unit"] == sr.CI_UNIT
+
+
+def test_the_full_grid_is_every_router_at_every_point_and_load() -> None:
+    """Issue 32's grid: both traces, 4/8/16 replicas, 1M/3M tokens a replica, both designs,
+    loads 0.5/0.8/1.0, every router (the events modes included); the event lags at one point
+    and load; a pooled replay per (trace, replicas, design)."""
+    clusters, pooled = sr.configs("full")
+    routers = [c for c in clusters if c["part"] == "routers"]
+    got = sorted((c["source"], c["replicas"], c["capacity_tokens"], c["design"], c["load"], c["label"])
+                 for c in routers)
+    want = sorted(itertools.product(sr.MOONCAKE_TRACES, [4, 8, 16], [1_000_000, 3_000_000], sr.DESIGNS,
+                                    [0.5, 0.8, 1.0], [r[0] for r in sr.ROUTERS]))
+    assert got == want
+    assert {"dynamo-events", "dynamo-current-events", "llm-d-precise"} <= {
+        c["label"] for c in routers if c["kv_events"]}
+    lags = [c for c in clusters if c["part"] == "lag"]
+    assert lags and {(c["replicas"], c["capacity_tokens"], c["load"]) for c in lags} == {(4, 1_000_000, 0.8)}
+    assert all(c["limit"] is None for c in clusters) and len(pooled) == 2 * 3 * 2
+    assert {c["study"] for c in pooled} == {sr.FULL}
+
+
+def test_a_rerun_runs_only_the_cells_its_summary_lacks(tmp_path, trace_data, monkeypatch) -> None:
+    """The full grid spans sessions: a run of some cells leaves a summary; a later run (its
+    cell folders gone, as in a fresh clone with the committed table) reads those rows back and
+    runs only the others, ending with the table one run of every cell writes."""
+    clusters, _ = sr.configs("tiny")
+    sr.run(tmp_path, "tiny", jobs=1, max_cells=3)
+    first = read_table(tmp_path / sr.STUDY / "summary")
+    assert (first["part"] != "global").sum() == 3
+    for folder in (tmp_path / sr.STUDY).iterdir():
+        if folder.is_dir() and folder.name.startswith("mooncake") and "cluster" in folder.name:
+            shutil.rmtree(folder)
+    ran: list[str] = []
+    real = sr.run_cluster_cell
+    monkeypatch.setattr(sr, "run_cluster_cell", lambda c, *a: ran.append(sr.cell_name(c)) or real(c, *a))
+    sr.run(tmp_path, "tiny", jobs=1)
+    assert len(ran) == len(clusters) - 3 and not set(ran) & set(first["cell"].dropna())
+    resumed = read_table(tmp_path / sr.STUDY / "summary")
+    sr.run(tmp_path / "once", "tiny", jobs=1)
+    once = read_table(tmp_path / "once" / sr.STUDY / "summary")
+    measured = [c for c in once.columns if "wall" in c or c.startswith("cache_op")]  # this machine's clock
+    pd.testing.assert_frame_equal(resumed.drop(columns=measured), once.drop(columns=measured))

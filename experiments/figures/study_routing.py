@@ -26,11 +26,14 @@ Parts:
   one pooled cache of N x C tokens (a replay, the global hit rate Mooncake's pool aims at).
 
 Scales: ``default`` serves the first ``limit`` requests of the conversation trace on 4
-replicas x 1M tokens (about 40 s a cell on 2 cores); ``full`` every request of both traces on
-4, 8 and 16 replicas x 1M and 3M tokens (432 cells of minutes each: run it on Ray with
-``--executor ray [--address ADDR]``).
+replicas x 1M tokens at load 0.7 (about 40 s a cell on 2 cores); ``full`` every request of both
+traces on 4, 8 and 16 replicas x 1M and 3M tokens at loads 0.5, 0.8 and 1.0, every router (984
+cells of about a minute each on this 2-core machine: ``make routing-full``, on Ray with
+``--executor ray [--address ADDR]``, resumed from its committed table and run ``--max-cells`` at
+a time across sessions).
 
-Writes ``results/routing/summary`` (one row per cell).
+Writes ``results/routing/summary`` (one row per cell); the full scale
+``results/routing_full/summary.csv`` and ``meta.json``, committed.
 """
 
 from __future__ import annotations
@@ -55,20 +58,23 @@ from prefixcache.experiments.figures.common import (
     cell_config,
     cell_name,
     check_scale,
+    read_table,
     run_cells,
     save_study,
     trace_arrival_scale,
     write_table,
 )
 from prefixcache.experiments.figures.study_engine_traces import conversations_by_id
+from prefixcache.experiments.figures.study_whole_traces import machine
 
 from prefixcache import CacheConfig, make_cache
 from prefixcache.cluster import Cluster, make_router
 from prefixcache.cost_model import clock_from_constants, named_clock
 
 STUDY = "routing"
+FULL = "routing_full"  # the committed result of --scale full: its summary, resumed cell by cell
 CLOCK = "h100-llama3-8b"  # the default clock (cost_model.named_clock); "cpu" is the other
-LOAD = 0.7  # offered work / what the replicas serve with no cache
+LOAD = 0.7  # offered work / what the replicas serve with no cache (the default scale's)
 PAGE = 16
 DESIGNS = {"hashchain": ("hashchain", PAGE), "radix": ("radix", PAGE)}
 # (label, router, options, needs KV events)
@@ -79,6 +85,7 @@ ROUTERS: list[tuple[str, str, dict[str, Any], bool]] = [
     ("dynamo", "dynamo", {"cost": "classic"}, False),
     ("dynamo-current", "dynamo", {"cost": "current"}, False),
     ("dynamo-events", "dynamo", {"cost": "classic", "use_kv_events": True}, True),
+    ("dynamo-current-events", "dynamo", {"cost": "current", "use_kv_events": True}, True),
     ("llm-d", "llm-d", {"prefix": "approximate"}, False),
     ("llm-d-precise", "llm-d", {"prefix": "precise"}, True),
     ("production-stack", "production-stack", {}, False),
@@ -87,7 +94,7 @@ ROUTERS: list[tuple[str, str, dict[str, Any], bool]] = [
     ("oracle", "oracle", {}, False),
 ]
 LAGS_S = [0.0, 1.0, 10.0, 100.0, 1000.0]  # the rescaled trace sends a request every ~2 s
-SCALE = {
+SCALE: dict[str, dict[str, Any]] = {
     "tiny": dict(
         traces=["mooncake-conversation"],
         side_traces=["mooncake-conversation"],
@@ -98,6 +105,8 @@ SCALE = {
         routers=["round-robin", "dynamo-events", "oracle"],
         lags=[0.0, 1.0],
         global_replicas=[2],
+        loads=[LOAD],
+        side_load=LOAD,
     ),
     "default": dict(
         traces=["mooncake-conversation"],
@@ -106,9 +115,12 @@ SCALE = {
         limit=1000,
         replicas=[4],
         capacities=[1_000_000],
-        routers=[r[0] for r in ROUTERS],
+        # the small default: every router but the one added with the full grid
+        routers=[r[0] for r in ROUTERS if r[0] != "dynamo-current-events"],
         lags=LAGS_S,
         global_replicas=[2, 4, 8],
+        loads=[LOAD],
+        side_load=LOAD,
     ),
     "full": dict(
         traces=list(MOONCAKE_TRACES),
@@ -120,6 +132,8 @@ SCALE = {
         routers=[r[0] for r in ROUTERS],
         lags=LAGS_S,
         global_replicas=[4, 8, 16],
+        loads=[0.5, 0.8, 1.0],  # of the replicas' no-cache capacity
+        side_load=0.8,
     ),
 }
 
@@ -136,6 +150,7 @@ def cluster_config(
     lag_s: float = 0.0,
     part: str = "routers",
     clock: str = CLOCK,
+    load: float = LOAD,
 ) -> dict[str, Any]:
     label, name, options, events = next(r for r in ROUTERS if r[0] == router)
     backend, page = DESIGNS[design]
@@ -155,7 +170,7 @@ def cluster_config(
         router_options=options,
         kv_events=events,
         event_lag_s=lag_s,
-        load=LOAD,
+        load=load,
         token_budget=2048,
         seed=0,
         cost_model=named_clock(clock).constants(),
@@ -164,21 +179,25 @@ def cluster_config(
 
 
 def configs(scale: str, clock: str = CLOCK) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(cluster cells, pooled-cache replay cells), cluster cells under ``clock``. The lag and
-    local-vs-global parts run on ``side_traces`` x ``side_designs`` only."""
+    """(cluster cells, pooled-cache replay cells), cluster cells under ``clock``. The routers
+    part runs at every load; the lag and local-vs-global parts on ``side_traces`` x
+    ``side_designs`` only, at ``side_load``, the lags at the first (replicas, capacity) point."""
     s = SCALE[check_scale(scale)]
     limit = s["limit"]
+    study = FULL if scale == "full" else STUDY
     exact = [label for label, *_, events in ROUTERS if events and label in s["routers"]]
+    side_point = (s["replicas"][0], s["capacities"][0])
     out, pooled = [], []
     for source in s["traces"]:
         side = source in s["side_traces"]
-        for n, cap, design in product(s["replicas"], s["capacities"], DESIGNS):
+        for n, cap, design, load in product(s["replicas"], s["capacities"], DESIGNS, s["loads"]):
             cell = partial(
                 cluster_config, source=source, design=design, replicas=n, capacity=cap, limit=limit,
-                clock=clock,
+                clock=clock, load=load,
             )
             out += [cell(router=label) for label in s["routers"]]
-            if side and design in s["side_designs"]:  # lag 0 is the routers part's cell
+            lags = side and design in s["side_designs"] and load == s["side_load"] and (n, cap) == side_point
+            if lags:  # lag 0 is the routers part's cell
                 out += [
                     cell(router=label, lag_s=lag, part="lag") for label in exact for lag in s["lags"] if lag
                 ]
@@ -197,11 +216,12 @@ def configs(scale: str, clock: str = CLOCK) -> tuple[list[dict[str, Any]], list[
                         limit=limit,
                         part="local",
                         clock=clock,
+                        load=s["side_load"],
                     )
                 )
             backend, page = DESIGNS[design]
             c = cell_config(
-                STUDY,
+                study,
                 source=source,
                 backend=backend,
                 page_size=page,
@@ -232,9 +252,11 @@ def rescaled_requests(config: dict[str, Any]) -> list[Any]:
 CI_UNIT = "conversation"  # what the hit rate's bootstrap resamples (stored cells say theirs)
 
 
-def run_cluster_cell(config: dict[str, Any], out_root: Path, force: bool = False) -> dict[str, Any]:
-    """Run (or read back) one cluster cell; returns its summary row."""
-    folder = out_root / STUDY / cell_name(config)
+def run_cluster_cell(
+    config: dict[str, Any], out_root: Path, force: bool = False, study: str = STUDY
+) -> dict[str, Any]:
+    """Run (or read back) one cluster cell under ``out_root / study``; returns its summary row."""
+    folder = out_root / study / cell_name(config)
     summary_path = folder / "summary.json"
     if not force and summary_path.exists():
         stored = json.loads((folder / "config.json").read_text())
@@ -315,14 +337,15 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
 
 # ------------------------------------------------------------------------------ executors
 def _cells(
-    todo: Sequence[dict[str, Any]], out: Path, force: bool, jobs: int, executor: str, address: str | None
+    todo: Sequence[dict[str, Any]], out: Path, force: bool, jobs: int, executor: str, address: str | None,
+    study: str,
 ) -> Iterator[dict[str, Any]]:
     if executor == "ray":
         from prefixcache.experiments.sweep import ray_session
 
         with ray_session(address, num_cpus=jobs) as ray:
             task = ray.remote(run_cluster_cell)
-            pending = [task.remote(c, out.resolve(), force) for c in todo]
+            pending = [task.remote(c, out.resolve(), force, study) for c in todo]
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 yield ray.get(done[0])
@@ -330,8 +353,66 @@ def _cells(
     from joblib import Parallel, delayed
 
     yield from Parallel(n_jobs=jobs, return_as="generator")(
-        delayed(run_cluster_cell)(c, out, force) for c in todo
+        delayed(run_cluster_cell)(c, out, force, study) for c in todo
     )
+
+
+def finished_rows(summary: Path, cells: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The rows of ``summary`` (a study table, if there is one) that are cells of ``cells``, by
+    cell name, computed under this summary version and bootstrap unit: what a rerun need not
+    run again. A cell's name is a digest of its whole config, so a changed cell is not found."""
+    try:
+        table = read_table(summary)
+    except FileNotFoundError:
+        return {}
+    names = {cell_name(c) for c in cells}
+    return {
+        row["cell"]: row
+        for row in table.to_dict("records")
+        if row.get("cell") in names
+        and row.get("summary_version") == SUMMARY_VERSION
+        and row.get("ci_unit") == CI_UNIT
+    }
+
+
+def full_grid_order(config: dict[str, Any]) -> tuple[Any, ...]:
+    """The order the full grid runs in, so that a partial run holds whole slices: the
+    conversation trace first, load 0.8, then the smallest cluster, each slice every design
+    and router."""
+    return (
+        config["source"] != "mooncake-conversation",
+        config["part"] != "routers",
+        config["load"] != 0.8,
+        config["replicas"],
+        config["capacity_tokens"],
+        config["load"],
+    )
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(
+        ["part", "source", "design", "replicas", "capacity_tokens", "load", "label", "event_lag_s"],
+        na_position="first",
+        kind="stable",
+    ).reset_index(drop=True)
+
+
+def _save_full(
+    df: pd.DataFrame, out: Path, cells: Sequence[dict[str, Any]], executor: str, jobs: int, ran: int,
+    t0: float,
+) -> None:
+    """The full grid's committed table (``results/routing_full/summary.csv``: the cells done so
+    far, each with its wall time) and ``meta.json`` (how many of how many, by which executor)."""
+    folder = out / FULL
+    folder.mkdir(parents=True, exist_ok=True)
+    _sorted(df).to_csv(folder / "summary.csv", index=False)
+    done = int((df["part"] != "global").sum())
+    meta = dict(scale="full", cells_total=len(cells), cells_done=done, executor=executor, jobs=jobs,
+                last_run_cells=ran, last_run_wall_s=round(time.perf_counter() - t0, 1),
+                cell_wall_s=round(float(df.loc[df["part"] != "global", "wall_s"].sum()), 1),
+                date=time.strftime("%Y-%m-%d"), machine=machine(), loads=SCALE["full"]["loads"],
+                routers=SCALE["full"]["routers"], clock=CLOCK)
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def run(
@@ -342,30 +423,39 @@ def run(
     executor: str = "joblib",
     address: str | None = None,
     clock: str = CLOCK,
+    max_cells: int | None = None,
 ) -> Path:
+    """Run ``scale``'s cells (the full scale under ``results/routing_full``, resumed from its
+    summary: a cell it holds is not run again); ``max_cells`` runs only that many of the cells
+    still missing (the table then holds those done so far, and says how many are)."""
+    study = FULL if scale == "full" else STUDY
     cells, pooled = configs(scale, clock)
-    rows = []
+    done = {} if force else finished_rows(out / study / "summary", cells)
+    todo = sorted((c for c in cells if cell_name(c) not in done), key=full_grid_order)
+    if max_cells is not None:
+        todo = todo[:max_cells]
+    rows = list(done.values())
     t0 = time.perf_counter()
-    for i, row in enumerate(_cells(cells, out, force, jobs, executor, address), 1):
+    for i, row in enumerate(_cells(todo, out, force, jobs, executor, address, study), 1):
         rows.append(row)
         print(
-            f"  routing {i}/{len(cells)}: {row['source']} {row['design']} {row['label']} "
-            f"lag {row['event_lag_s']} s  hit {row['token_hit_rate']:.3f}  "
-            f"({time.perf_counter() - t0:.0f} s)",
+            f"  routing {i}/{len(todo)} ({len(done)} done before): {row['source']} {row['design']} "
+            f"{row['label']} x{row['replicas']} load {row['load']} lag {row['event_lag_s']} s  "
+            f"hit {row['token_hit_rate']:.3f}  ({time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
+        if scale == "full" and i % 10 == 0:  # a run stopped midway keeps what it did
+            _save_full(pd.DataFrame(rows), out, cells, executor, jobs, len(todo), t0)
     replays = run_cells(pooled, out, force=force, jobs=jobs)
     df = pd.concat(
         [pd.DataFrame(rows), replays.rename(columns={"hit_rate": "token_hit_rate"})], ignore_index=True
     )
-    df = df.sort_values(
-        ["part", "source", "design", "replicas", "capacity_tokens", "label", "event_lag_s"],
-        na_position="first",
-        kind="stable",
-    ).reset_index(drop=True)
+    if scale == "full":
+        _save_full(df, out, cells, executor, jobs, len(todo), t0)
+        return out / FULL
     s = SCALE[scale]
     save_study(
-        df,
+        _sorted(df),
         out,
         STUDY,
         {
@@ -379,7 +469,7 @@ def run(
             "clock_source": str(named_clock(clock)),
         },
     )
-    return out / STUDY
+    return out / study
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,11 +481,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=["joblib", "ray"], default="joblib")
     ap.add_argument("--address", default=None, help="a Ray cluster (with --executor ray)")
     ap.add_argument("--clock", default=CLOCK, help=f"cost_model.named_clock name (default {CLOCK}; cpu)")
+    ap.add_argument("--max-cells", type=int, default=None,
+                    help="run at most this many of the cells not done yet (the full grid spans sessions)")
     a = ap.parse_args(argv)
     if a.address and a.executor != "ray":
         ap.error("--address names a Ray cluster: it needs --executor ray")
     named_clock(a.clock)  # an unknown name fails here, listing the valid ones
-    run(Path(a.out), a.scale, a.force, a.jobs, a.executor, a.address, a.clock)
+    if a.max_cells is not None and a.max_cells < 0:
+        ap.error("--max-cells must be >= 0")
+    run(Path(a.out), a.scale, a.force, a.jobs, a.executor, a.address, a.clock, a.max_cells)
     return 0
 
 
