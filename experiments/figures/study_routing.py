@@ -62,6 +62,7 @@ from prefixcache.experiments.figures.common import (
     run_cells,
     save_study,
     trace_arrival_scale,
+    trace_prompt_hashes,
     write_table,
 )
 from prefixcache.experiments.figures.study_engine_traces import conversations_by_id
@@ -281,7 +282,9 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
     t0 = time.perf_counter()
     reqs = rescaled_requests(config)
     n = config["replicas"]
-    options = {"kv_events": True} if config["kv_events"] else {}
+    options: dict[str, Any] = {"kv_events": True} if config["kv_events"] else {}
+    if config["backend"] == "hashchain":  # the trace's hashes, read instead of computed in every replica
+        options["known_prompt_hashes"] = trace_prompt_hashes(config["source"])
     caches = [
         make_cache(config["backend"], CacheConfig(config["capacity_tokens"], config["page_size"]), **options)
         for _ in range(n)
