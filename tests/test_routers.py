@@ -341,3 +341,18 @@ def test_common_prefix_length_is_commonprefix_without_the_copy() -> None:
         text = "".join(rng.choice("ab") for _ in range(rng.randint(0, 40)))
         start = rng.randint(0, len(text))
         assert common_prefix_length(edge, text, start) == len(os.path.commonprefix([edge, text[start:]]))
+
+
+@given(st.lists(st.integers(min_value=-3, max_value=(1 << 32) + 3), max_size=20))
+def test_token_bytes_packs_a_list_as_the_array_path_does(tokens: list[int]) -> None:
+    """An event's token ids come as a list and are packed by array(); an array of ids by numpy:
+    the same bytes, and the same OverflowError for an id outside [0, 2**32)."""
+    from prefixcache.cluster.routers.base import token_bytes
+
+    outside = any(not 0 <= t < 1 << 32 for t in tokens)
+    for given_as in (tokens, np.array(tokens, dtype=np.int64)):
+        if outside:
+            with pytest.raises(OverflowError):
+                token_bytes(given_as)
+        else:
+            assert token_bytes(given_as) == b"".join(t.to_bytes(4, "little") for t in tokens)

@@ -280,7 +280,6 @@ def run_cluster_cell(
 def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFrame]:
     """One cluster cell, touching no file: (its summary, one row per request)."""
     t0 = time.perf_counter()
-    reqs = rescaled_requests(config)
     n = config["replicas"]
     options: dict[str, Any] = {"kv_events": True} if config["kv_events"] else {}
     if config["backend"] == "hashchain":  # the trace's hashes, read instead of computed in every replica
@@ -299,7 +298,7 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
         kv_events=config["kv_events"],
         event_lag_s=config["event_lag_s"],
     )
-    routes = cluster.run(reqs)
+    routes = cluster.run(rescaled_requests(config))  # not kept here: a finished request's tokens go
     for cache in caches:  # every usable page accounted for in every replica
         if sum(cache.usage()) != cache.num_usable_pages():
             raise RuntimeError(f"{cell_name(config)}: page accounting broken: {cache.usage()}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,18 +150,20 @@ class Cluster:
     # ---------------------------------------------------------------- the loop
     def run(self, requests: Iterable[Request]) -> list[RouteRecord]:
         """Route and serve every request (in arrival order); returns one record per request."""
-        pending = sorted(requests, key=lambda r: r.arrival_time)  # stable: ties keep their order
+        # stable: ties keep their order. A routed request is let go of here, so that once it
+        # finishes nothing holds its tokens (a whole trace's prompts are gigabytes) unless the
+        # caller kept ``requests``.
+        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
+        del requests
         ids = [r.request_id for r in pending]
         if len(set(ids)) != len(ids):
             raise ValueError("request ids must be unique across the cluster")
-        i = 0
         stalled = [0] * len(self.replicas)
         while True:
             busy = [(t, rep.index) for rep in self.replicas if (t := self._next_step(rep)) is not None]
             step_at = min(busy) if busy else None
-            if i < len(pending) and (step_at is None or pending[i].arrival_time <= step_at[0]):
-                self._route(pending[i])
-                i += 1
+            if pending and (step_at is None or pending[0].arrival_time <= step_at[0]):
+                self._route(pending.popleft())
                 continue
             if step_at is None:
                 break
@@ -175,7 +178,7 @@ class Cluster:
                 stalled[replica.index] = 0
         for replica in self.replicas:  # (every request finished: nothing is deferred now)
             replica.engine.defer_decoders(False)
-        self._check_conservation(len(pending))
+        self._check_conservation(len(ids))
         return [self.routes[rid] for rid in ids]
 
     def _next_step(self, replica: Replica) -> float | None:

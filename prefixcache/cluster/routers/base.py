@@ -5,7 +5,9 @@ it a replica's KV events (only the exact routers listen)."""
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,9 +70,17 @@ def least_loaded(loads: Sequence[float]) -> int:
     return min(range(len(loads)), key=loads.__getitem__)
 
 
+_U32 = next(code for code in "ILH" if array(code).itemsize == 4)  # the array type code of 4 bytes
+
+
 def token_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
     """Each token id as 4 little-endian bytes, in one C pass; OverflowError for an id outside
     [0, 2**32), as ``int.to_bytes(4, "little")`` raises."""
+    if isinstance(tokens, list):  # an event's token ids: array() checks the range as it packs
+        packed = array(_U32, tokens)
+        if sys.byteorder == "big":
+            packed.byteswap()
+        return packed.tobytes()
     arr = np.asarray(tokens)
     if arr.size and (arr.min() < 0 or arr.max() >= 1 << 32):
         raise OverflowError(f"a token id outside [0, 2**32) cannot be hashed: {arr.min()}..{arr.max()}")

@@ -88,11 +88,13 @@ class BlockIndex:
                 if parent is None:
                     continue  # its parent was never seen (lost, or stored before we listened)
                 hashes = chained_block_hashes(e.token_ids, self.block_size, start_parent=parent)
-                for engine_hash, parent in zip(e.block_hashes, hashes, strict=True):
-                    local[engine_hash] = parent
-                    copies[engine_hash] += 1
-                    held_copies[parent] += 1
-                    held.add(parent)
+                if len(hashes) != len(e.block_hashes):  # checked before anything is indexed
+                    raise ValueError(f"BlockStored: {len(e.block_hashes)} hashes, {len(hashes)} blocks")
+                # each block as a loop over them would index it, the counting in C (Counter.update)
+                local.update(zip(e.block_hashes, hashes, strict=True))
+                copies.update(e.block_hashes)
+                held_copies.update(hashes)
+                held.update(hashes)
             elif kind == "BlockRemoved":
                 for engine_hash in e.block_hashes:
                     h = local.get(engine_hash)
