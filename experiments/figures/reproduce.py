@@ -35,6 +35,7 @@ from prefixcache.experiments.figures import (
     fig_ops,
     fig_policies,
     fig_routing,
+    fig_routing_full,
     fig_scheduling,
     fig_side_channel,
     fig_structures,
@@ -66,8 +67,8 @@ STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduli
            study_engine_traces, study_decomposition]
 FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
            fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces, tab_cost_model,
-           fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_tiers, fig_engine_traces,
-           fig_decomposition]
+           fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_routing_full, fig_tiers,
+           fig_engine_traces, fig_decomposition]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 
