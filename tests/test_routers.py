@@ -356,3 +356,17 @@ def test_token_bytes_packs_a_list_as_the_array_path_does(tokens: list[int]) -> N
                 token_bytes(given_as)
         else:
             assert token_bytes(given_as) == b"".join(t.to_bytes(4, "little") for t in tokens)
+
+
+@given(st.lists(st.integers(min_value=-2, max_value=0x110001), max_size=20))
+def test_preble_spells_tokens_as_the_code_points_chr_gives(tokens: list[int]) -> None:
+    """Preble's tree matches token ids as characters: the one-call decode is chr() per token,
+    lone surrogates included, and refuses what chr() refuses."""
+    from prefixcache.cluster.routers.preble import as_text
+
+    if any(not 0 <= t <= 0x10FFFF for t in tokens):
+        with pytest.raises(ValueError):
+            as_text(tokens)
+    else:
+        assert as_text(tokens) == "".join(map(chr, tokens))
+        assert as_text(np.array(tokens, dtype=np.int64)) == "".join(map(chr, tokens))

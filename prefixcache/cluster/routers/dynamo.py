@@ -125,7 +125,7 @@ class DynamoKV(Router):
                 for o, r in zip(overlaps, replicas, strict=True)]
 
     def route(self, req: Request, replicas: Sequence[ReplicaState], now: float) -> Route:
-        tokens = req.prompt_token_ids
+        tokens = req.prompt_array
         hashes = chained_block_hashes(tokens, self.block_size)
         overlaps = [self.overlap(k, hashes, now) for k in range(self.num_replicas)]
         k = softmax_pick(self.costs(len(tokens), overlaps, replicas), self.temperature, self.rng)

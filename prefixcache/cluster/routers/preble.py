@@ -16,9 +16,12 @@ routers).
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from prefixcache.cluster.routers.base import ReplicaState, Route, Router
 from prefixcache.cluster.routers.char_tree import CharTree
@@ -26,9 +29,14 @@ from prefixcache.cost_model import Clock, CostModel
 from prefixcache.request import Request
 
 
-def as_text(tokens: Sequence[int]) -> str:
-    """Token ids as code points, so the character tree serves as a token tree."""
-    return "".join(map(chr, tokens))
+def as_text(tokens: Sequence[int] | np.ndarray) -> str:
+    """Token ids as code points, so the character tree serves as a token tree: ``"".join(map(chr,
+    tokens))`` decoded in one C call (UTF-32, lone surrogates passed), the same ValueError for an
+    id that is no code point."""
+    ids = np.asarray(tokens, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() > sys.maxunicode):
+        raise ValueError(f"chr() arg not in range(0x110000): token ids {ids.min()}..{ids.max()}")
+    return ids.astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
 
 
 def exploits(cached: int, new: int) -> bool:
@@ -76,7 +84,7 @@ class PrebleE2(Router):
         return sum(seconds for _, seconds in window) + active * answer_s
 
     def route(self, req: Request, replicas: Sequence[ReplicaState], now: float) -> Route:
-        tokens = req.prompt_token_ids
+        tokens = req.prompt_array
         text = as_text(tokens)
         m = self.tree.prefix_match(text)
         cached = m.matched_chars
