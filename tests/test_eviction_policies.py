@@ -20,7 +20,7 @@ from prefixcache.eviction import (
     make_policy,
     note_eviction,
 )
-from tests.helpers import checked, keyed, run_to_completion
+from tests.helpers import DIRECT_REQUEST, checked, keyed, run_to_completion
 from tests.test_hashchain_block_pool import h
 
 PAGE = 4
@@ -134,7 +134,7 @@ def test_a_ranked_policy_evicts_a_chain_from_its_end(policy: str) -> None:
 def test_evicting_a_block_in_the_middle_of_a_chain_counts_its_child_as_orphaned() -> None:
     pool = BlockPool(8, eviction_policy="lfu", block_size=PAGE)
     blocks = pool.get_new_blocks(3)
-    pool.cache_full_blocks(keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
     assert pool.evict_blocks({blocks[1].block_id}) == 1  # vLLM's KV-connector hook, in use
     assert isinstance(pool.eviction, RankedEviction) and pool.eviction.num_orphaned_blocks == 1
     pool.free_blocks(reversed(blocks))
@@ -245,7 +245,7 @@ def test_gdsf_ages_frequency_where_lfu_never_forgets() -> None:
 def test_a_ranked_pool_hands_out_unhashed_free_blocks_before_evicting() -> None:
     pool = BlockPool(8, eviction_policy="lfu", block_size=PAGE)
     blocks = pool.get_new_blocks(2)
-    pool.cache_full_blocks(keyed([h(0), h(1)], 0), blocks, 0, 2)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(0), h(1)], 0), blocks, 0, 2)
     pool.free_blocks(reversed(blocks))  # 2 cached free blocks, 5 unhashed free ones
     taken = pool.get_new_blocks(5)
     assert all(b.block_hash is None for b in taken) and pool.num_evicted_blocks == 0

@@ -11,6 +11,7 @@ from functools import partial
 from typing import Any
 
 from prefixcache.backends.hashchain.block_pool import BlockPool
+from prefixcache.backends.hashchain.events import BlockPoolEventRecorder
 from prefixcache.backends.hashchain.hashing import (
     BlockHasher,
     BlockHashWithGroupId,
@@ -55,7 +56,10 @@ class KVCacheManager:
     allocation count (the drafter's lookahead slots are the caller's: num_new_tokens).
 
     ``publish`` and ``dedupe`` are our ablation switches towards SGLang (``PUBLISH_TIMES``;
-    ``BlockPool``); vLLM's are "allocation" and False."""
+    ``BlockPool``); vLLM's are "allocation" and False.
+
+    ``enable_kv_cache_events`` (vLLM's): the block pool is given a ``BlockPoolEventRecorder``,
+    which ``take_events`` drains; off, it is given none."""
 
     def __init__(
         self,
@@ -74,6 +78,7 @@ class KVCacheManager:
         known_prompt_hashes: KnownPromptHashes | None = None,
         publish: str = "allocation",
         dedupe: bool = False,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if publish not in PUBLISH_TIMES:
             raise ValueError(f"publish must be one of {PUBLISH_TIMES}, got {publish!r}")
@@ -85,7 +90,13 @@ class KVCacheManager:
         self.free_skipped_on_failure = free_skipped_on_failure
         self.block_size = block_size
         self.free_order = free_order
-        self.block_pool = BlockPool(num_gpu_blocks, unhashed_first, eviction_policy, block_size, dedupe)
+        if not isinstance(enable_kv_cache_events, bool):
+            raise ValueError(f"enable_kv_cache_events must be a bool, got {enable_kv_cache_events!r}")
+        self.enable_kv_cache_events = enable_kv_cache_events
+        kv_events = BlockPoolEventRecorder(block_size) if enable_kv_cache_events else None
+        self.block_pool = BlockPool(
+            num_gpu_blocks, unhashed_first, eviction_policy, block_size, dedupe, kv_events
+        )
         # vLLM's hash_block_size: tokens per hash; a block is keyed by its last unit's hash.
         hash_block_size = block_size if hash_block_size is None else hash_block_size
         if hash_block_size < 1 or block_size % hash_block_size:
@@ -194,10 +205,9 @@ class KVCacheManager:
             or self.coordinator.num_blocks_to_cache(request.request_id, num_tokens) > 0
         ):
             self.coordinator.cache_blocks(
+                request,
                 self.hasher.request_hashes(request),
-                request.request_id,
                 num_tokens,
-                request.num_prompt_tokens,
                 self.shared_prefix_boundary.get(request.request_id, 0),
             )
 
