@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from prefixcache.backends.hashchain.block_pool import BlockPool
-from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction
+from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction, make_eviction_order
 
 from prefixcache import CacheConfig, Request, eviction_policies, make_cache
 from prefixcache.capabilities import BACKENDS_WITH_POLICIES
@@ -132,7 +132,7 @@ def test_a_ranked_policy_evicts_a_chain_from_its_end(policy: str) -> None:
 
 
 def test_evicting_a_block_in_the_middle_of_a_chain_counts_its_child_as_orphaned() -> None:
-    pool = BlockPool(8, eviction_policy="lfu", block_size=PAGE)
+    pool = BlockPool(8, eviction=make_eviction_order("lfu", 7, PAGE))
     blocks = pool.get_new_blocks(3)
     pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
     assert pool.evict_blocks({blocks[1].block_id}) == 1  # vLLM's KV-connector hook, in use
@@ -243,7 +243,7 @@ def test_gdsf_ages_frequency_where_lfu_never_forgets() -> None:
 
 
 def test_a_ranked_pool_hands_out_unhashed_free_blocks_before_evicting() -> None:
-    pool = BlockPool(8, eviction_policy="lfu", block_size=PAGE)
+    pool = BlockPool(8, eviction=make_eviction_order("lfu", 7, PAGE))
     blocks = pool.get_new_blocks(2)
     pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(0), h(1)], 0), blocks, 0, 2)
     pool.free_blocks(reversed(blocks))  # 2 cached free blocks, 5 unhashed free ones

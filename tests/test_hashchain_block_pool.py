@@ -266,8 +266,9 @@ def test_only_a_ranked_pool_makes_blocks_with_policy_fields_a_taken_hash_fails_b
     ranked policy's pool creates blocks carrying what the policy keeps, sized to the block.
     Caching a range where one block already has a hash raises and hashes none of them."""
     from prefixcache.backends.hashchain.block import RankedKVCacheBlock
+    from prefixcache.backends.hashchain.eviction import make_eviction_order
 
-    lru, ranked = BlockPool(8, block_size=16), BlockPool(8, eviction_policy="lfu", block_size=16)
+    lru, ranked = BlockPool(8), BlockPool(8, eviction=make_eviction_order("lfu", 7, 16))
     assert type(lru.get_new_blocks(1)[0]) is KVCacheBlock and not hasattr(lru.blocks[3], "hit_count")
     block = ranked.get_new_blocks(1)[0]
     assert type(block) is RankedKVCacheBlock and block.num_tokens == 16 and block.hit_count == 0

@@ -500,8 +500,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by {holders[b.block_id]}",
             )
         ensure(self.stats.evicted_tokens >= 0, "negative evicted_tokens")
-        learning = set(self.block_pool.eviction.seen_fraction)
-        ensure(learning <= live, "lrp keeps state for a request that is not live")
+        self.block_pool.eviction.check_requests(live)
         if self.offload is not None:
             self.offload.check_invariants(live)
 

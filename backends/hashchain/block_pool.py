@@ -17,12 +17,11 @@ from typing import Any
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.events import BlockPoolEventRecorder
-from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction
+from prefixcache.backends.hashchain.eviction import EvictionOrder, FreeQueueLRU
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, LazyBlocks
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
 from prefixcache.backends.hashchain.hashing import BlockHash, BlockHashWithGroupId
 
-from prefixcache.eviction import LEAF_LRU, make_policy
 from prefixcache.interface import ensure
 from prefixcache.request import Request
 
@@ -37,10 +36,8 @@ class BlockPool:
     ``unhashed_first`` is our ablation switch (vLLM: always True): freed blocks without a hash
     go to the head of the free queue instead of the tail.
 
-    ``eviction_policy``: "lru" is vLLM's, the free queue's order. Any other name of
-    ``prefixcache.eviction`` ranks the free cached leaf blocks (``RankedEviction``, ours);
-    free blocks without a hash still go first, and then stay at the queue's head.
-    ``"leaf-lru"`` is that ranking under LRU: SGLang's eviction order over blocks.
+    ``eviction``: the order cached free blocks are evicted in (eviction.py,
+    ``make_eviction_order``); None: vLLM's, the free queue's (``FreeQueueLRU``).
 
     ``dedupe`` is our ablation switch (vLLM: False, it keeps duplicates): a block that fills
     with content already cached under its key is given back at once and the request takes the
@@ -54,8 +51,7 @@ class BlockPool:
         self,
         num_gpu_blocks: int,
         unhashed_first: bool = True,
-        eviction_policy: str = "lru",
-        block_size: int = 0,
+        eviction: EvictionOrder | None = None,
         dedupe: bool = False,
         kv_events: BlockPoolEventRecorder | None = None,
     ) -> None:
@@ -68,15 +64,9 @@ class BlockPool:
         if not isinstance(dedupe, bool):
             raise ValueError(f"dedupe must be a bool, got {dedupe!r}")
         self.dedupe = dedupe
-        leaf_lru = isinstance(eviction_policy, str) and eviction_policy.lower() == LEAF_LRU
-        # validates the name
-        policy = make_policy("lru" if leaf_lru else eviction_policy, capacity=num_gpu_blocks - 1)
-        ranked = leaf_lru or eviction_policy.lower() != "lru"
-        if ranked and not unhashed_first:
+        self.eviction = FreeQueueLRU() if eviction is None else eviction
+        if self.eviction.needs_unhashed_first and not unhashed_first:
             raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
-        self.eviction: FreeQueueLRU | RankedEviction = (
-            RankedEviction(policy, block_size) if ranked else FreeQueueLRU()
-        )
         # Created on first use (free_queue.LazyBlocks), in the order vLLM's preallocated ones
         # leave the queue: ids, free order and eviction order as vLLM's.
         self.blocks = LazyBlocks(num_gpu_blocks, self.eviction.make_block)
@@ -91,7 +81,6 @@ class BlockPool:
         # Ours, not vLLM's: O(1) PageUsage and the evicted-token stat.
         self.num_cached_free_blocks = 0  # free-queue blocks that still carry a hash
         self.num_evicted_blocks = 0  # hashes dropped by eviction (lazy, evict_blocks, LRU evict)
-        self.block_size = block_size
         self.kv_events = kv_events
 
     # ---------------------------------------------------------------- lookups

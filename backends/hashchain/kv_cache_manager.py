@@ -7,11 +7,11 @@ SingleTypeKVCacheManager (FullAttention / SlidingWindow) per group -> one BlockP
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from prefixcache.backends.hashchain.block_pool import BlockPool
 from prefixcache.backends.hashchain.events import BlockPoolEventRecorder
+from prefixcache.backends.hashchain.eviction import make_eviction_order
 from prefixcache.backends.hashchain.hashing import (
     BlockHasher,
     BlockHashWithGroupId,
@@ -95,7 +95,11 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         kv_events = BlockPoolEventRecorder(block_size) if enable_kv_cache_events else None
         self.block_pool = BlockPool(
-            num_gpu_blocks, unhashed_first, eviction_policy, block_size, dedupe, kv_events
+            num_gpu_blocks,
+            unhashed_first,
+            make_eviction_order(eviction_policy, num_gpu_blocks - 1, block_size),
+            dedupe,
+            kv_events,
         )
         # vLLM's hash_block_size: tokens per hash; a block is keyed by its last unit's hash.
         hash_block_size = block_size if hash_block_size is None else hash_block_size
@@ -180,9 +184,7 @@ class KVCacheManager:
             return None
         coordinator.remove_skipped_blocks(request_id, num_computed_tokens)
         if not running:
-            self.block_pool.eviction.admitted(
-                request, partial(self._lookup_keys, request), sum(1 for b in hits[0] if not b.is_null)
-            )
+            self.block_pool.eviction.admitted(request, hits[0], self._lookup_keys)
             coordinator.save_new_computed_blocks(request_id, hits, num_computed_tokens)
             self.shared_prefix_boundary[request_id] = shared_prefix_boundary
         new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
@@ -192,7 +194,8 @@ class KVCacheManager:
         return new_blocks
 
     def _lookup_keys(self, request: Request) -> list[BlockHashWithGroupId]:
-        """The request's lookup: group 0's keys within the hit cap (what lrp's ghost reads)."""
+        """The request's lookup: group 0's keys within the hit cap (for an eviction order that
+        asks, at admission)."""
         keys = self.hasher.request_hashes(request).keys(0)
         return keys[: max_cache_hit_length(request) // self.block_size]
 
