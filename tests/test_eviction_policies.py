@@ -169,6 +169,20 @@ def test_hashchain_lrp_learns_from_the_ghost_of_evicted_blocks() -> None:
     assert len(blocks) == 3 and all(b.reuse_class == (3, 0, 0) for b in blocks)
 
 
+def test_hashchain_lrp_state_kept_for_a_request_not_live_fails_the_orders_check() -> None:
+    """What lrp learns of a request lives in its eviction order until the request is released;
+    the order's check_requests (called by the backend's check_invariants) refuses any left over."""
+    from prefixcache.invariants import InvariantError
+
+    order = make_eviction_order("lrp", 7, PAGE)
+    order.admitted(Request("gone", list(range(PAGE + 1))), [], lambda request: [])
+    order.check_requests({"gone"})
+    with pytest.raises(InvariantError, match="not live"):
+        order.check_requests(set())
+    order.released(Request("gone", list(range(PAGE + 1))))
+    order.check_requests(set())
+
+
 @pytest.mark.parametrize("page", [1, PAGE])
 def test_radix_lrp_learns_from_the_ghost_of_evicted_edges(page: int) -> None:
     """The radix form of the test above: the ghost remembers an evicted edge by (parent node,
