@@ -56,3 +56,8 @@ def tokens(n: int, seed: int = 0, vocab: int = 50_000) -> list[int]:
 def keyed(block_hashes: list[BlockHash], group_id: int) -> list[Any]:
     """The hash-map keys of these block hashes in one group."""
     return [make_block_hash_with_group_id(h, group_id) for h in block_hashes]
+
+
+# The request a test's direct ``BlockPool.cache_full_blocks`` call names: only KV events read
+# it, and those tests' pools record none.
+DIRECT_REQUEST = Request("direct", [0])

@@ -52,10 +52,10 @@ MUTANTS = {
     ),
     "batch: a hashchain step that fills a block taken in place (the block never cached)": (
         "backends/hashchain/backend.py",
-        "        if not coordinator.extends_in_place(req.request_id, total_tokens, "
-        "min(total_tokens, req.num_tokens)):",
-        "        if not coordinator.extends_in_place(req.request_id, total_tokens, "
-        "min(total_tokens, req.num_tokens) - 1):",
+        "        return coordinator.extends_in_place(req.request_id, total_tokens, "
+        "min(total_tokens, req.num_tokens))",
+        "        return coordinator.extends_in_place(req.request_id, total_tokens, "
+        "min(total_tokens, req.num_tokens) - 1)",
     ),
     "batch: an eviction charged to the wrong request of the batch": (
         "prefixcache/interface.py",

@@ -31,8 +31,8 @@ MUTANTS = {
         "        short = self._shortfall(demand_tokens)",
     ),
     "hashchain leaf-lru: the free queue kept (the switch a no-op)": (
-        "backends/hashchain/block_pool.py",
-        "        ranked = leaf_lru or eviction_policy.lower() != \"lru\"",
-        "        ranked = eviction_policy.lower() not in (\"lru\", \"leaf-lru\")",
+        "backends/hashchain/eviction.py",
+        "    ranked = leaf_lru or eviction_policy.lower() != \"lru\"",
+        "    ranked = eviction_policy.lower() not in (\"lru\", \"leaf-lru\")",
     ),
 }

@@ -57,8 +57,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "fidelity: a reused block's partial-tail key leaves the map without its BlockRemoved (case 4)": (
         P,
-        "self._emit_block_removed([key for b in blocks for key in self._keys_of(b)])",
-        "self._emit_block_removed([b.block_hash for b in blocks if b.block_hash is not None])",
+        "self.kv_events.emit_block_removed_events([key for b in blocks for key in self._keys_of(b)])",
+        "self.kv_events.emit_block_removed_events("
+        "[b.block_hash for b in blocks if b.block_hash is not None])",
     ),
     "fidelity: a partial tail evicted in use is not keyed again (cache_blocks gated, case 4)": (
         "backends/hashchain/kv_cache_manager.py",

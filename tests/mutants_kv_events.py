@@ -14,28 +14,28 @@ SUITES = [
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "kv events hashchain: no BlockRemoved when a cached block is reused (lazy eviction)": (
         "backends/hashchain/block_pool.py",
-        "self._emit_block_removed([key for b in blocks for key in self._keys_of(b)])",
+        "self.kv_events.emit_block_removed_events([key for b in blocks for key in self._keys_of(b)])",
         "pass",
     ),
     "kv events hashchain: no BlockRemoved when a hash is dropped one by one (LRU / ranked evict)": (
         "backends/hashchain/block_pool.py",
-        "        if self.enable_kv_cache_events:\n            self._emit_block_removed(keys)",
-        "        if False:\n            self._emit_block_removed(keys)",
+        "        if self.kv_events is not None:\n            self.kv_events.emit_block_removed_events(keys)",
+        "        if False:\n            self.kv_events.emit_block_removed_events(keys)",
     ),
     "kv events hashchain: the parent is the first new block's hash, not the one before it": (
-        "backends/hashchain/block_pool.py",
+        "backends/hashchain/events.py",
         "parent = self._external(block_keys[num_cached_blocks - 1]) if num_cached_blocks else None",
         "parent = self._external(block_keys[num_cached_blocks]) if num_cached_blocks else None",
     ),
     "kv events hashchain: masked (sliding-window) blocks listed in BlockStored": (
-        "backends/hashchain/block_pool.py",
+        "backends/hashchain/events.py",
         "block_hashes=[self._external(key) for key in stored_keys],",
         "block_hashes=[self._external(key) for key in block_keys[num_cached_blocks:num_full_blocks]],",
     ),
     "kv events hashchain: no AllBlocksCleared at a reset": (
-        "backends/hashchain/block_pool.py",
-        "            self.kv_event_queue.append(AllBlocksCleared())",
-        "            pass",
+        "backends/hashchain/events.py",
+        "        self.kv_event_queue.append(AllBlocksCleared())",
+        "        pass",
     ),
     "kv events unified tree: no BlockRemoved for a deleted node (SWA, Mamba)": (
         "backends/radix/unified_tree.py",

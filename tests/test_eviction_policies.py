@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from prefixcache.backends.hashchain.block_pool import BlockPool
-from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction
+from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction, make_eviction_order
 
 from prefixcache import CacheConfig, Request, eviction_policies, make_cache
 from prefixcache.capabilities import BACKENDS_WITH_POLICIES
@@ -20,7 +20,7 @@ from prefixcache.eviction import (
     make_policy,
     note_eviction,
 )
-from tests.helpers import checked, keyed, run_to_completion
+from tests.helpers import DIRECT_REQUEST, checked, keyed, run_to_completion
 from tests.test_hashchain_block_pool import h
 
 PAGE = 4
@@ -132,9 +132,9 @@ def test_a_ranked_policy_evicts_a_chain_from_its_end(policy: str) -> None:
 
 
 def test_evicting_a_block_in_the_middle_of_a_chain_counts_its_child_as_orphaned() -> None:
-    pool = BlockPool(8, eviction_policy="lfu", block_size=PAGE)
+    pool = BlockPool(8, eviction=make_eviction_order("lfu", 7, PAGE))
     blocks = pool.get_new_blocks(3)
-    pool.cache_full_blocks(keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
     assert pool.evict_blocks({blocks[1].block_id}) == 1  # vLLM's KV-connector hook, in use
     assert isinstance(pool.eviction, RankedEviction) and pool.eviction.num_orphaned_blocks == 1
     pool.free_blocks(reversed(blocks))
@@ -167,6 +167,20 @@ def test_hashchain_lrp_learns_from_the_ghost_of_evicted_blocks() -> None:
     assert "again" not in cache.cache.block_pool.eviction.seen_fraction
     blocks = [b for b in cache.cache.block_pool.blocks if b.block_hash is not None]
     assert len(blocks) == 3 and all(b.reuse_class == (3, 0, 0) for b in blocks)
+
+
+def test_hashchain_lrp_state_kept_for_a_request_not_live_fails_the_orders_check() -> None:
+    """What lrp learns of a request lives in its eviction order until the request is released;
+    the order's check_requests (called by the backend's check_invariants) refuses any left over."""
+    from prefixcache.invariants import InvariantError
+
+    order = make_eviction_order("lrp", 7, PAGE)
+    order.admitted(Request("gone", list(range(PAGE + 1))), [], lambda request: [])
+    order.check_requests({"gone"})
+    with pytest.raises(InvariantError, match="not live"):
+        order.check_requests(set())
+    order.released(Request("gone", list(range(PAGE + 1))))
+    order.check_requests(set())
 
 
 @pytest.mark.parametrize("page", [1, PAGE])
@@ -243,9 +257,9 @@ def test_gdsf_ages_frequency_where_lfu_never_forgets() -> None:
 
 
 def test_a_ranked_pool_hands_out_unhashed_free_blocks_before_evicting() -> None:
-    pool = BlockPool(8, eviction_policy="lfu", block_size=PAGE)
+    pool = BlockPool(8, eviction=make_eviction_order("lfu", 7, PAGE))
     blocks = pool.get_new_blocks(2)
-    pool.cache_full_blocks(keyed([h(0), h(1)], 0), blocks, 0, 2)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(0), h(1)], 0), blocks, 0, 2)
     pool.free_blocks(reversed(blocks))  # 2 cached free blocks, 5 unhashed free ones
     taken = pool.get_new_blocks(5)
     assert all(b.block_hash is None for b in taken) and pool.num_evicted_blocks == 0

@@ -9,7 +9,7 @@ from prefixcache.backends.hashchain.hashing import BlockHash, make_block_hash_wi
 
 from prefixcache import CacheConfig, Request, make_cache
 from prefixcache.invariants import InvariantError
-from tests.helpers import keyed
+from tests.helpers import DIRECT_REQUEST, keyed
 
 
 def h(i: int) -> BlockHash:
@@ -28,7 +28,7 @@ def cached_pool(n: int = 8, chain: int = 3) -> tuple[BlockPool, list[KVCacheBloc
     """A pool with one request's ``chain`` blocks allocated and cached under h(0..chain-1)."""
     pool = BlockPool(n)
     blocks = pool.get_new_blocks(chain)
-    pool.cache_full_blocks(keyed([h(i) for i in range(chain)], 0), blocks, 0, chain)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(i) for i in range(chain)], 0), blocks, 0, chain)
     pool.check_invariants()
     return pool, blocks
 
@@ -52,7 +52,7 @@ def test_null_block_zero_is_popped_at_start_never_free_and_not_counted() -> None
     assert free_ids(pool) == [1, 2, 3, 4, 5] and pool.get_num_free_blocks() == 5
     pool.free_blocks([pool.null_block])  # never enters the queue, never goes negative
     assert free_ids(pool) == [1, 2, 3, 4, 5]
-    pool.cache_full_blocks(keyed([h(0)], 0), [pool.null_block], 0, 1)  # skipped, not hashed
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(0)], 0), [pool.null_block], 0, 1)  # skipped, not hashed
     assert pool.null_block.block_hash is None
     pool.check_invariants()
 
@@ -64,8 +64,8 @@ def get_cached(pool: BlockPool, block_hash: BlockHash, group_ids: list[int]) -> 
 def test_get_cached_block_hits_only_if_every_group_hits() -> None:
     pool = BlockPool(6)
     b0, b1 = pool.get_new_blocks(2)
-    pool.cache_full_blocks(keyed([h(5)], 0), [b0], 0, 1)
-    pool.cache_full_blocks(keyed([h(5)], 1), [b1], 0, 1)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(5)], 0), [b0], 0, 1)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(5)], 1), [b1], 0, 1)
     assert get_cached(pool, h(5), [0, 1]) == [b0, b1]
     assert get_cached(pool, h(5), [0, 2]) is None
     assert get_cached(pool, h(6), [0]) is None
@@ -74,8 +74,8 @@ def test_get_cached_block_hits_only_if_every_group_hits() -> None:
 def test_cache_full_blocks_allows_duplicates_under_one_hash() -> None:
     pool = BlockPool(6)
     first, second = pool.get_new_blocks(2)
-    pool.cache_full_blocks(keyed([h(1)], 0), [first], 0, 1)
-    pool.cache_full_blocks(keyed([h(1)], 0), [second], 0, 1)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(1)], 0), [first], 0, 1)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(1)], 0), [second], 0, 1)
     assert get_cached(pool, h(1), [0]) == [first]
     assert first.block_hash == second.block_hash == key(1)
     pool.check_invariants()
@@ -117,7 +117,7 @@ def test_touch_removes_an_unreferenced_block_from_the_free_queue_and_counts_the_
 def test_free_blocks_prepends_unhashed_and_appends_hashed_each_in_the_given_order() -> None:
     pool = BlockPool(8)
     blocks = pool.get_new_blocks(6)  # ids 1..6; 7 stays free
-    pool.cache_full_blocks(keyed([h(i) for i in range(3)], 0), blocks, 0, 3)  # 1, 2, 3 hashed
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(i) for i in range(3)], 0), blocks, 0, 3)  # 1, 2, 3 hashed
     pool.free_blocks([blocks[4], blocks[0], blocks[3], blocks[2], blocks[5], blocks[1]])
     assert free_ids(pool) == [5, 4, 6, 7, 1, 3, 2]
     pool.check_invariants()
@@ -126,7 +126,7 @@ def test_free_blocks_prepends_unhashed_and_appends_hashed_each_in_the_given_orde
 def test_unhashed_first_off_appends_every_freed_block_in_the_given_order() -> None:
     pool = BlockPool(8, unhashed_first=False)
     blocks = pool.get_new_blocks(6)
-    pool.cache_full_blocks(keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
     pool.free_blocks([blocks[4], blocks[0], blocks[3], blocks[2], blocks[5], blocks[1]])
     assert free_ids(pool) == [7, 5, 1, 4, 3, 6, 2]
     pool.check_invariants()
@@ -266,13 +266,14 @@ def test_only_a_ranked_pool_makes_blocks_with_policy_fields_a_taken_hash_fails_b
     ranked policy's pool creates blocks carrying what the policy keeps, sized to the block.
     Caching a range where one block already has a hash raises and hashes none of them."""
     from prefixcache.backends.hashchain.block import RankedKVCacheBlock
+    from prefixcache.backends.hashchain.eviction import make_eviction_order
 
-    lru, ranked = BlockPool(8, block_size=16), BlockPool(8, eviction_policy="lfu", block_size=16)
+    lru, ranked = BlockPool(8), BlockPool(8, eviction=make_eviction_order("lfu", 7, 16))
     assert type(lru.get_new_blocks(1)[0]) is KVCacheBlock and not hasattr(lru.blocks[3], "hit_count")
     block = ranked.get_new_blocks(1)[0]
     assert type(block) is RankedKVCacheBlock and block.num_tokens == 16 and block.hit_count == 0
     blocks = lru.get_new_blocks(3)
     blocks[2].assign_hash(keyed([h(9)], 0)[0])
     with pytest.raises(ValueError, match="already has a hash"):
-        lru.cache_full_blocks(keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
+        lru.cache_full_blocks(DIRECT_REQUEST, keyed([h(i) for i in range(3)], 0), blocks, 0, 3)
     assert [b.block_hash for b in blocks[:2]] == [None, None] and len(lru.cached_block_hash_to_block) == 0

@@ -23,7 +23,7 @@ from prefixcache.backends.hashchain.single_type_kv_cache_manager import (
 
 from prefixcache import Request
 from prefixcache.invariants import InvariantError
-from tests.helpers import checked, keyed, run_to_completion, tokens
+from tests.helpers import DIRECT_REQUEST, checked, keyed, run_to_completion, tokens
 
 B = 4
 FULL = AttentionGroupSpec("full")
@@ -57,7 +57,7 @@ def cache_at(manager: KVCacheManager, hashes: list[BlockHash], group_id: int, ca
     pool = manager.block_pool
     for i in sorted(cached):
         blocks = [pool.null_block] * i + pool.get_new_blocks(1)
-        pool.cache_full_blocks(keyed(hashes, group_id), blocks, i, i + 1)
+        pool.cache_full_blocks(DIRECT_REQUEST, keyed(hashes, group_id), blocks, i, i + 1)
 
 
 def accepted(manager: KVCacheManager, hashes: list[BlockHash], group_id: int, length: int) -> bool:

@@ -30,7 +30,7 @@ from prefixcache.backends.hashchain.single_type_kv_cache_manager import Attentio
 
 from prefixcache import CacheConfig, Request, make_cache
 from prefixcache.layout import ModelLayout
-from tests.helpers import keyed, tokens
+from tests.helpers import DIRECT_REQUEST, keyed, tokens
 from tests.test_hashchain_hybrid_fixtures import FIXTURE_DIR, load, replay_ours
 
 UNITS = json.loads((FIXTURE_DIR / "vllm_hybrid_units.json").read_text())
@@ -71,7 +71,7 @@ def test_scenario_1_sliding_window_possible_cached_prefix(case: dict[str, Any]) 
     for i, flag in enumerate(pattern):
         if flag == "T":
             blocks = [pool.null_block] * i + pool.get_new_blocks(1)
-            pool.cache_full_blocks(keyed(hashes.hashes, 0), blocks, i, i + 1)
+            pool.cache_full_blocks(DIRECT_REQUEST, keyed(hashes.hashes, 0), blocks, i, i + 1)
             position_of[blocks[i].block_id] = i
     (blocks,), hit = m.coordinator.find_longest_cache_hit(hashes, len(pattern) * 2)
     assert hit == case["hit"]

@@ -17,7 +17,7 @@ from prefixcache.backends.hashchain.block_pool import BlockHashToBlockMap, Block
 from prefixcache.backends.hashchain.hashing import BlockHash, make_block_hash_with_group_id
 
 from prefixcache import CacheConfig, Engine, Match, Request, available_backends, make_cache
-from tests.helpers import checked, keyed, run_to_completion, tokens
+from tests.helpers import DIRECT_REQUEST, checked, keyed, run_to_completion, tokens
 
 B = 4
 REUSING = [b for b in available_backends() if b != "none"]
@@ -49,8 +49,8 @@ def test_every_change_a_lookup_could_see_moves_the_version_and_a_duplicate_does_
 def test_evicting_the_first_block_of_a_duplicated_key_promotes_the_second() -> None:
     pool = BlockPool(8)
     first, second = pool.get_new_blocks(2)
-    pool.cache_full_blocks(keyed([BlockHash(b"x" * 32)], 0), [first], 0, 1)
-    pool.cache_full_blocks(keyed([BlockHash(b"x" * 32)], 0), [second], 0, 1)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([BlockHash(b"x" * 32)], 0), [first], 0, 1)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed([BlockHash(b"x" * 32)], 0), [second], 0, 1)
     pool.free_blocks([first, second])
     pool.check_invariants()
     version = pool.cached_block_hash_to_block.version

@@ -28,7 +28,7 @@ ROWS = [(p.stem, i) for p in FIXTURES for i in range(len(json.loads(p.read_text(
 
 # Found by the generator; the reason says where ours goes wrong.
 # (Both it found in the recorded streams are fixed: a host load's BlockStored named the last
-# allocated request's tokens, HostTier._load_done sets block_pool.event_request; tier-lru_s0_3
+# allocated request's tokens, now every cache_full_blocks call is given its request; tier-lru_s0_3
 # allocated a host hit's whole prompt at admission, now allocate(req, 0, match) as vLLM.)
 NEW_DIFFERENCES: dict[str, str] = {}
 

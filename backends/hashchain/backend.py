@@ -251,6 +251,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             prefix_cache_retention_interval=prefix_cache_retention_interval,
             free_skipped_on_failure=free_skipped_on_failure, hash_block_size=self.hash_block_size,
             use_eagle=use_eagle, known_prompt_hashes=known_prompt_hashes, publish=publish, dedupe=dedupe,
+            enable_kv_cache_events=kv_events,
         )  # fmt: skip
         # publish="commit": each live request's length at admission (later commits: decode steps)
         self._prefill_end: dict[str, int] | None = None if publish == "allocation" else {}
@@ -261,7 +262,6 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         if "mamba" in groups.kinds:  # prefill chunks end on block boundaries
             self.prefill_chunking = MambaAlignedChunking(self.page_size, self.manager)
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
-        self.block_pool.enable_kv_cache_events = kv_events
         # The host tier (vLLM 0.33's OffloadingConnector, offload/); None: exactly as without.
         self.offload = None if host_tier is None else OffloadingTier(
             host_tier, self.manager, capacity_tokens=config.capacity_tokens, page_size=self.page_size,
@@ -299,7 +299,6 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         # caller left there if we fail, so that a failed allocate changes nothing.
         prior = req.num_computed_tokens
         req.num_computed_tokens = 0
-        self.block_pool.event_request = req  # the request whose blocks a BlockStored names
         if self.offload is not None:  # slots for the host part too, loaded now
             new_blocks = self.offload.allocate_slots(req, num_new_tokens, m)
         else:
@@ -333,7 +332,6 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         num_new_tokens = total_tokens - req.num_computed_tokens
         if num_new_tokens <= 0:
             return True
-        self.block_pool.event_request = req
         ok = self.manager.allocate_slots(req, num_new_tokens) is not None
         self._sync_evictions()
         return ok
@@ -345,10 +343,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
             return False
         req = live.request
         coordinator = self.manager.coordinator
-        if not coordinator.extends_in_place(req.request_id, total_tokens, min(total_tokens, req.num_tokens)):
-            return False
-        self.block_pool.event_request = req  # as _extend leaves it
-        return True
+        return coordinator.extends_in_place(req.request_id, total_tokens, min(total_tokens, req.num_tokens))
 
     def _decode_room(self, req: Request, state: KVCacheBlocks) -> int:
         return self.manager.coordinator.decode_steps_in_place(req.request_id, req.num_computed_tokens)
@@ -428,7 +423,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
     def kv_events(self) -> KVEventSink | None:
         """The manager, whose ``take_events`` vLLM's engine drains (vLLM 0.33 annotates each
         BlockStored with its group's spec there); None with events off."""
-        return self.manager if self.block_pool.enable_kv_cache_events else None
+        return self.manager if self.manager.enable_kv_cache_events else None
 
     # ---------------------------------------------------------------- vLLM extras
     def evict_blocks(self, block_ids: set[int]) -> int:
@@ -505,8 +500,7 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
                 f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by {holders[b.block_id]}",
             )
         ensure(self.stats.evicted_tokens >= 0, "negative evicted_tokens")
-        learning = set(self.block_pool.eviction.seen_fraction)
-        ensure(learning <= live, "lrp keeps state for a request that is not live")
+        self.block_pool.eviction.check_requests(live)
         if self.offload is not None:
             self.offload.check_invariants(live)
 

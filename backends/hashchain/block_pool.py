@@ -4,11 +4,9 @@ A cached block is a full block registered in ``cached_block_hash_to_block``. It 
 hit after its last user frees it (it then sits in the free queue) until it is popped for reuse:
 eviction is lazy.
 
-KV events (vLLM's ``enable_kv_cache_events``): with ``enable_kv_cache_events`` set, the pool
-queues ``BlockStored`` when ``cache_full_blocks`` registers blocks (and ``cache_partial_block`` a
-partial tail), ``BlockRemoved`` (one per hash) whenever a hash leaves the map (lazy eviction at
-reuse, ``evict_blocks``, our LRU and ranked evictions), and ``AllBlocksCleared`` on a successful
-reset; ``take_events`` drains them.
+What the pool is given: its eviction order (eviction.py, vLLM's free queue or a ranked policy)
+and its KV-event recorder (events.py, vLLM's ``enable_kv_cache_events``; None: no event code
+runs). The calls that store blocks take the request whose blocks they are, as vLLM's do.
 """
 
 from __future__ import annotations
@@ -18,16 +16,12 @@ from operator import attrgetter
 from typing import Any
 
 from prefixcache.backends.hashchain.block import KVCacheBlock
-from prefixcache.backends.hashchain.eviction import FreeQueueLRU, RankedEviction
+from prefixcache.backends.hashchain.events import BlockPoolEventRecorder
+from prefixcache.backends.hashchain.eviction import EvictionOrder, FreeQueueLRU
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, LazyBlocks
 from prefixcache.backends.hashchain.hash_map import BlockHashToBlockMap
-from prefixcache.backends.hashchain.hashing import (
-    BlockHash,
-    BlockHashWithGroupId,
-    generate_block_hash_extra_keys,
-)
+from prefixcache.backends.hashchain.hashing import BlockHash, BlockHashWithGroupId
 
-from prefixcache.eviction import LEAF_LRU, make_policy
 from prefixcache.interface import ensure
 from prefixcache.request import Request
 
@@ -36,37 +30,30 @@ _ref_cnt = attrgetter("ref_cnt")
 _block_hash = attrgetter("block_hash")
 
 
-def _event_extra_keys(keys: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
-    """vLLM 0.33 ``to_event_extra_keys`` for one block: the hash's tagged keys untagged, as
-    events publish them (a LoRA name or salt bare, a multimodal key as (identifier, offset))."""
-    if keys is None:
-        return None
-    return tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
-
-
 class BlockPool:
     """``num_gpu_blocks`` blocks; block 0 is the null block, so ``num_gpu_blocks - 1`` usable.
 
     ``unhashed_first`` is our ablation switch (vLLM: always True): freed blocks without a hash
     go to the head of the free queue instead of the tail.
 
-    ``eviction_policy``: "lru" is vLLM's, the free queue's order. Any other name of
-    ``prefixcache.eviction`` ranks the free cached leaf blocks (``RankedEviction``, ours);
-    free blocks without a hash still go first, and then stay at the queue's head.
-    ``"leaf-lru"`` is that ranking under LRU: SGLang's eviction order over blocks.
+    ``eviction``: the order cached free blocks are evicted in (eviction.py,
+    ``make_eviction_order``); None: vLLM's, the free queue's (``FreeQueueLRU``).
 
     ``dedupe`` is our ablation switch (vLLM: False, it keeps duplicates): a block that fills
     with content already cached under its key is given back at once and the request takes the
     cached block in its place, as SGLang's insert frees a request's duplicate slots.
+
+    ``kv_events``: where the pool's KV events go (vLLM: ``enable_kv_cache_events`` and the
+    pool's own queue), None for none.
     """
 
     def __init__(
         self,
         num_gpu_blocks: int,
         unhashed_first: bool = True,
-        eviction_policy: str = "lru",
-        block_size: int = 0,
+        eviction: EvictionOrder | None = None,
         dedupe: bool = False,
+        kv_events: BlockPoolEventRecorder | None = None,
     ) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(
@@ -77,15 +64,9 @@ class BlockPool:
         if not isinstance(dedupe, bool):
             raise ValueError(f"dedupe must be a bool, got {dedupe!r}")
         self.dedupe = dedupe
-        leaf_lru = isinstance(eviction_policy, str) and eviction_policy.lower() == LEAF_LRU
-        # validates the name
-        policy = make_policy("lru" if leaf_lru else eviction_policy, capacity=num_gpu_blocks - 1)
-        ranked = leaf_lru or eviction_policy.lower() != "lru"
-        if ranked and not unhashed_first:
+        self.eviction = FreeQueueLRU() if eviction is None else eviction
+        if self.eviction.needs_unhashed_first and not unhashed_first:
             raise ValueError("a ranked eviction_policy needs unhashed_first=True (unhashed blocks go first)")
-        self.eviction: FreeQueueLRU | RankedEviction = (
-            RankedEviction(policy, block_size) if ranked else FreeQueueLRU()
-        )
         # Created on first use (free_queue.LazyBlocks), in the order vLLM's preallocated ones
         # leave the queue: ids, free order and eviction order as vLLM's.
         self.blocks = LazyBlocks(num_gpu_blocks, self.eviction.make_block)
@@ -100,15 +81,7 @@ class BlockPool:
         # Ours, not vLLM's: O(1) PageUsage and the evicted-token stat.
         self.num_cached_free_blocks = 0  # free-queue blocks that still carry a hash
         self.num_evicted_blocks = 0  # hashes dropped by eviction (lazy, evict_blocks, LRU evict)
-        self.block_size = block_size
-        # KV events: off unless set (the backend's ``kv_events`` option). vLLM's cache_full_blocks
-        # takes the request; ours takes keys, so the caller names the request being allocated.
-        self.enable_kv_cache_events = False
-        self.kv_event_queue: list[Any] = []
-        self.event_request: Request | None = None
-        # vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default on): events carry the low 64 bits
-        # of each hash as an int; off, the hash bytes.
-        self.int_block_hashes = True
+        self.kv_events = kv_events
 
     # ---------------------------------------------------------------- lookups
     def get_cached_block(self, keys: Sequence[BlockHashWithGroupId]) -> list[KVCacheBlock] | None:
@@ -130,6 +103,7 @@ class BlockPool:
     # ---------------------------------------------------------------- state changes
     def cache_full_blocks(
         self,
+        request: Request,
         block_keys: Sequence[BlockHashWithGroupId],
         blocks: list[KVCacheBlock],
         num_cached_blocks: int,
@@ -137,10 +111,11 @@ class BlockPool:
         num_prompt_blocks: int = 0,
         block_mask: Sequence[bool] | None = None,
     ) -> None:
-        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their keys.
+        """Register ``request``'s ``blocks[num_cached_blocks:num_full_blocks]`` under their keys.
 
-        vLLM takes the request and the group id; we take the request's keys of that group
-        (``RequestHashes.keys``, built once per block), so the pool stays hash-agnostic.
+        vLLM takes the group id and reads the hashes off the request; we take the request's keys
+        of that group (``RequestHashes.keys``, built once per block), so the pool stays
+        hash-agnostic. The request itself only names the blocks' tokens in KV events.
         ``num_prompt_blocks``: blocks wholly inside the prompt (the ``priority`` policy's input).
         ``block_mask`` (vLLM 0.33): one flag per block of that range; a False block stays
         unhashed (sparse sliding-window retention: no hit can ever read it).
@@ -153,8 +128,6 @@ class BlockPool:
             raise ValueError(
                 f"block_mask has {len(block_mask)} flags for {num_full_blocks - num_cached_blocks} blocks"
             )
-        if self.enable_kv_cache_events and self.event_request is None:
-            raise ValueError("KV events are on: set BlockPool.event_request to the request being allocated")
         cached_at = self._blocks_to_cache(block_keys, blocks, num_cached_blocks, num_full_blocks, block_mask)
         if isinstance(cached_at, range):  # the whole range: slices, no step per block
             new_blocks = blocks[num_cached_blocks:num_full_blocks]
@@ -169,8 +142,10 @@ class BlockPool:
         for block, key in zip(new_blocks, keys, strict=True):
             block.block_hash = key
         self.cached_block_hash_to_block.insert_many(keys, new_blocks)
-        if self.enable_kv_cache_events:
-            self._emit_block_stored(block_keys, num_cached_blocks, num_full_blocks, keys, cached_at)
+        if self.kv_events is not None:
+            self.kv_events.emit_block_stored(
+                request, block_keys, num_cached_blocks, num_full_blocks, keys, cached_at
+            )
         self.eviction.on_cached(blocks, cached_at, num_prompt_blocks)
 
     def _blocks_to_cache(
@@ -204,7 +179,13 @@ class BlockPool:
         return True
 
     def cache_partial_block(
-        self, block: KVCacheBlock, key: BlockHashWithGroupId, parent: BlockHash | None, start: int, end: int
+        self,
+        request: Request,
+        block: KVCacheBlock,
+        key: BlockHashWithGroupId,
+        parent: BlockHash | None,
+        start: int,
+        end: int,
     ) -> None:
         """vLLM 0.33 ``cache_partial_block``: ``key``, the hash of the prefix ``[0, end)`` that
         ends inside ``block``, names ``block`` too: as its hash if it has none, else as a further
@@ -217,8 +198,6 @@ class BlockPool:
         further = self.cached_block_hashes_by_block.get(block.block_id, ())
         if block.block_hash == key or key in further:
             return
-        if self.enable_kv_cache_events and self.event_request is None:
-            raise ValueError("KV events are on: set BlockPool.event_request to the request being allocated")
         if block.block_hash is None:  # its own hash was evicted while in use (evict_blocks)
             if not self.eviction.caches_partial_blocks:
                 return  # ours: a ranked policy indexes full blocks only, so no partial block is cached
@@ -226,8 +205,8 @@ class BlockPool:
         else:
             self.cached_block_hashes_by_block.setdefault(block.block_id, []).append(key)
         self.cached_block_hash_to_block.insert(key, block)
-        if self.enable_kv_cache_events:
-            self._emit_partial_block_stored(key, parent, start, end)
+        if self.kv_events is not None:
+            self.kv_events.emit_partial_block_stored(request, key, parent, start, end)
 
     def _keys_of(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
         """Every key naming ``block``: its hash first, then its further keys; [] if uncached."""
@@ -249,8 +228,8 @@ class BlockPool:
             )
         blocks = self.eviction.take(self, num_blocks)
         if self.num_cached_free_blocks:  # else no free block carries a hash
-            if self.enable_kv_cache_events:
-                self._emit_block_removed([key for b in blocks for key in self._keys_of(b)])
+            if self.kv_events is not None:
+                self.kv_events.emit_block_removed_events([key for b in blocks for key in self._keys_of(b)])
             if self.cached_block_hashes_by_block:
                 for block in blocks:
                     self._pop_further_keys(block)
@@ -347,10 +326,8 @@ class BlockPool:
                 self.eviction.uncached(block)
             block.reset_hash()
         self.num_cached_free_blocks = 0
-        if self.enable_kv_cache_events:
-            from prefixcache.kv_events import AllBlocksCleared
-
-            self.kv_event_queue.append(AllBlocksCleared())
+        if self.kv_events is not None:
+            self.kv_events.emit_all_blocks_cleared()
         return True
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
@@ -362,96 +339,16 @@ class BlockPool:
         self._pop_further_keys(block)
         popped = self.cached_block_hash_to_block.pop(key, block.block_id)
         assert popped is block, f"block {block.block_id} has a hash but is not in the map"
-        if self.enable_kv_cache_events:
-            self._emit_block_removed(keys)
+        if self.kv_events is not None:
+            self.kv_events.emit_block_removed_events(keys)
         self.eviction.uncached(block)
         block.reset_hash()
         self.num_evicted_blocks += 1
         return True
 
-    # ---------------------------------------------------------------- KV events
-    def _emit_block_stored(
-        self,
-        block_keys: Sequence[BlockHashWithGroupId],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        stored_keys: Sequence[BlockHashWithGroupId],
-        stored_at: Sequence[int],
-    ) -> None:
-        """vLLM 0.33 ``cache_full_blocks``' event: one ``BlockStored`` for the whole range, even
-        when every block in it was null or masked (then with no hashes); the parent is the hash
-        of the block before the range (hashed or not), the tokens those of the whole range."""
-        from prefixcache.kv_events import MEDIUM_GPU, BlockStored
-
-        req = self.event_request
-        assert req is not None  # checked by cache_full_blocks before any change
-        B = self.block_size
-        parent = self._external(block_keys[num_cached_blocks - 1]) if num_cached_blocks else None
-        extra: list[tuple[Any, ...] | None] = [
-            _event_extra_keys(generate_block_hash_extra_keys(req, i * B, (i + 1) * B)) for i in stored_at
-        ]
-        self.kv_event_queue.append(
-            BlockStored(
-                block_hashes=[self._external(key) for key in stored_keys],
-                parent_block_hash=parent,
-                token_ids=req.token_ids(num_cached_blocks * B, num_full_blocks * B),
-                block_size=B,
-                lora_id=None,  # our requests carry no LoRA adapter id
-                medium=MEDIUM_GPU,
-                lora_name=req.lora_name,
-                extra_keys=extra or None,
-                group_idx=int.from_bytes(block_keys[num_cached_blocks][-4:], "big"),
-            )
-        )
-
-    def _emit_partial_block_stored(
-        self, key: BlockHashWithGroupId, parent: BlockHash | None, start: int, end: int
-    ) -> None:
-        """vLLM 0.33 ``cache_partial_block``'s event: one hash, block_size = the hash unit."""
-        from prefixcache.kv_events import MEDIUM_GPU, BlockStored
-
-        req = self.event_request
-        assert req is not None  # checked by cache_partial_block before any change
-        self.kv_event_queue.append(
-            BlockStored(
-                block_hashes=[self._external(key)],
-                parent_block_hash=self._external_hash(parent) if parent is not None else None,
-                token_ids=req.token_ids(start, end),
-                block_size=end - start,
-                lora_id=None,  # our requests carry no LoRA adapter id
-                medium=MEDIUM_GPU,
-                lora_name=req.lora_name,
-                extra_keys=[_event_extra_keys(generate_block_hash_extra_keys(req, start, end))],
-                group_idx=int.from_bytes(key[-4:], "big"),
-            )
-        )
-
-    def _emit_block_removed(self, keys: Iterable[BlockHashWithGroupId]) -> None:
-        """vLLM 0.33 ``_emit_block_removed_events``: one ``BlockRemoved`` per hash."""
-        from prefixcache.kv_events import MEDIUM_GPU, BlockRemoved
-
-        for key in keys:
-            self.kv_event_queue.append(
-                BlockRemoved(
-                    block_hashes=[self._external(key)],
-                    medium=MEDIUM_GPU,
-                    group_idx=int.from_bytes(key[-4:], "big"),
-                )
-            )
-
-    def _external(self, key: BlockHashWithGroupId) -> bytes | int:
-        """vLLM 0.33 ``maybe_convert_block_hash`` of the key's block hash (its group id cut off)."""
-        return self._external_hash(BlockHash(key[:-4]))
-
-    def _external_hash(self, block_hash: BlockHash) -> bytes | int:
-        return int.from_bytes(block_hash[-8:], "big") if self.int_block_hashes else block_hash
-
     def take_events(self) -> list[Any]:
         """The queued KV events, oldest first; the queue is left empty ([] with events off)."""
-        if not self.enable_kv_cache_events:
-            return []
-        events, self.kv_event_queue = self.kv_event_queue, []
-        return events
+        return [] if self.kv_events is None else self.kv_events.take_events()
 
     # ---------------------------------------------------------------- invariants
     def check_invariants(self) -> None:

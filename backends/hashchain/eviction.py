@@ -1,7 +1,8 @@
 """The block pool's eviction order, an object the pool is given: ``FreeQueueLRU`` (vLLM's one
 order, the free queue's) or ``RankedEviction`` (ours, a policy's order over the free cached
-blocks). Both take the pool's hooks (blocks taken, cached, hit, freed, uncached, evicted, a
-request admitted and released), so the pool never asks which one it has.
+blocks); ``make_eviction_order`` picks one by policy name. Both take the pool's hooks (blocks
+taken, cached, hit, freed, uncached, evicted, a request admitted and released), so neither the
+pool nor the manager asks which one it has; what a policy learns (lrp) stays inside it.
 
 The free queue still holds every free block; this index ranks the free cached *leaf* blocks
 (no cached block extends them) by the policy's key, deepest first among equals, so a policy
@@ -18,21 +19,22 @@ was freed (re-ranking every free block would cost a scan), as in the block model
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from functools import partial
-from types import MappingProxyType
 from typing import Any, Protocol
 
 from prefixcache.backends.hashchain.block import KVCacheBlock, RankedKVCacheBlock
 from prefixcache.backends.hashchain.free_queue import FreeKVCacheBlockQueue, LazyBlocks
 
 from prefixcache.eviction import (
+    LEAF_LRU,
     EvictionPolicy,
     LearnedReuse,
     admit,
     forget,
     keys_stay_fresh,
     make_index,
+    make_policy,
     note_eviction,
 )
 from prefixcache.interface import ensure
@@ -50,8 +52,8 @@ class BlockPool(Protocol):
 
     def _uncache_free_block(self, block: KVCacheBlock) -> bool: ...
 
-# A request's lookup keys within its hit cap (lrp's ghost reads them), built only if asked.
-LookupKeys = Callable[[], Sequence[Any]]
+# A request's lookup keys within its hit cap, built only if an order asks for them.
+LookupKeys = Callable[[Request], Sequence[Any]]
 
 
 class FreeQueueLRU:
@@ -59,10 +61,9 @@ class FreeQueueLRU:
     ones appended as freed). Nothing to keep beside the queue, so every hook but the two that
     take blocks is empty."""
 
-    learner = None
     num_orphaned_blocks = 0
-    seen_fraction: Mapping[str, float] = MappingProxyType({})  # lrp's, ranked only
     caches_partial_blocks = True  # vLLM's partial-tail keys (a block cached by a later key)
+    needs_unhashed_first = False  # one queue: unhashed blocks may go to its tail (the ablation)
     make_block: Callable[[int], KVCacheBlock] = KVCacheBlock
 
     def take(self, pool: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
@@ -95,13 +96,16 @@ class FreeQueueLRU:
     def requeue_uncached(self, pool: BlockPool, block: KVCacheBlock) -> None:
         pass  # vLLM's one queue leaves a block that lost its hash where it is
 
-    def admitted(self, request: Request, lookup: LookupKeys, num_hit_blocks: int) -> None:
+    def admitted(self, request: Request, hit_blocks: Sequence[KVCacheBlock], lookup: LookupKeys) -> None:
         pass
 
     def released(self, request: Request) -> None:
         pass
 
     def check(self, pool: BlockPool, free_blocks: list[KVCacheBlock]) -> None:
+        pass
+
+    def check_requests(self, live: Collection[str]) -> None:
         pass
 
 
@@ -111,6 +115,7 @@ class RankedEviction:
     )  # fmt: skip
 
     caches_partial_blocks = False  # ours: the index ranks full blocks only
+    needs_unhashed_first = True  # unhashed free blocks are taken from the queue's head
 
     def __init__(self, policy: EvictionPolicy, block_size: int = 0) -> None:
         self.policy = policy
@@ -189,10 +194,14 @@ class RankedEviction:
         pool.free_block_queue.remove(block)
         pool.free_block_queue.prepend_n((block,))
 
-    def admitted(self, request: Request, lookup: LookupKeys, num_hit_blocks: int) -> None:
-        """lrp: the request's lookup against the ghost, as it is admitted."""
+    def admitted(self, request: Request, hit_blocks: Sequence[KVCacheBlock], lookup: LookupKeys) -> None:
+        """lrp: the request's lookup (``lookup(request)``) against the ghost beyond its hit
+        (``hit_blocks``, group 0's, nulls aside), as it is admitted."""
         if self.learner is not None:
-            self.seen_fraction[request.request_id] = self.learner.begin(lookup(), num_hit_blocks, self.tick())
+            num_hit_blocks = sum(1 for b in hit_blocks if not b.is_null)
+            self.seen_fraction[request.request_id] = self.learner.begin(
+                lookup(request), num_hit_blocks, self.tick()
+            )
 
     def released(self, request: Request) -> None:
         """lrp: the released request's class is known now (its blocks take it as freed)."""
@@ -305,3 +314,24 @@ class RankedEviction:
         if keys_stay_fresh(self.policy):  # lrp's and gdsf's are stale by design
             for key, _, block_id, block in self._index:
                 ensure(key == self.policy.priority(block), f"block {block_id}: stale eviction key")
+
+    def check_requests(self, live: Collection[str]) -> None:
+        """InvariantError if lrp keeps state for a request that is not ``live``."""
+        ensure(set(self.seen_fraction) <= set(live), "lrp keeps state for a request that is not live")
+
+
+EvictionOrder = FreeQueueLRU | RankedEviction
+
+
+def make_eviction_order(eviction_policy: str, num_blocks: int, block_size: int) -> EvictionOrder:
+    """The order for a pool of ``num_blocks`` usable blocks of ``block_size`` tokens.
+
+    "lru" is vLLM's, the free queue's order. Any other name of ``prefixcache.eviction`` ranks
+    the free cached leaf blocks (``RankedEviction``, ours); free blocks without a hash still go
+    first, and then stay at the queue's head. ``"leaf-lru"`` is that ranking under LRU:
+    SGLang's eviction order over blocks."""
+    leaf_lru = isinstance(eviction_policy, str) and eviction_policy.lower() == LEAF_LRU
+    # validates the name
+    policy = make_policy("lru" if leaf_lru else eviction_policy, capacity=num_blocks)
+    ranked = leaf_lru or eviction_policy.lower() != "lru"
+    return RankedEviction(policy, block_size) if ranked else FreeQueueLRU()

@@ -29,6 +29,8 @@ from prefixcache.backends.hashchain.single_type_kv_cache_manager import (
     SlidingWindowManager,
 )
 
+from prefixcache.request import Request
+
 KVCacheBlocks = tuple[list[KVCacheBlock], ...]  # one block list per group, index = group id
 
 
@@ -178,25 +180,18 @@ class KVCacheCoordinator(ABC):
         return max(num_full - m.num_cached_block[request_id] for m in self.single_type_managers)
 
     def cache_blocks(
-        self,
-        hashes: RequestHashes,
-        request_id: str,
-        num_tokens: int,
-        num_prompt_tokens: int = 0,
-        shared_prefix_boundary: int = 0,
+        self, request: Request, hashes: RequestHashes, num_tokens: int, shared_prefix_boundary: int = 0
     ) -> None:
         # vLLM 0.33: a resend of the prompt resumes at its replay boundaries; a sibling sharing
         # a prefix at the junction found at its admission (EAGLE: also one block below it, the
         # hit of a sibling diverging right after the junction, which has no block to peek at).
-        boundaries = replay_boundaries(num_prompt_tokens, self.block_size, self.use_eagle)
+        boundaries = replay_boundaries(request.num_prompt_tokens, self.block_size, self.use_eagle)
         if shared_prefix_boundary:
             boundaries.append(shared_prefix_boundary)
             if self.use_eagle:
                 boundaries.append(shared_prefix_boundary - self.block_size)
         for manager in self.single_type_managers:
-            manager.cache_blocks(
-                hashes, request_id, num_tokens, num_prompt_tokens, self.retention_interval, boundaries
-            )
+            manager.cache_blocks(request, hashes, num_tokens, self.retention_interval, boundaries)
 
     def free(self, request_id: str, reverse: bool) -> None:
         """Each group frees its blocks, group 0 first, each last block first when ``reverse``."""

@@ -7,10 +7,11 @@ SingleTypeKVCacheManager (FullAttention / SlidingWindow) per group -> one BlockP
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from prefixcache.backends.hashchain.block_pool import BlockPool
+from prefixcache.backends.hashchain.events import BlockPoolEventRecorder
+from prefixcache.backends.hashchain.eviction import make_eviction_order
 from prefixcache.backends.hashchain.hashing import (
     BlockHasher,
     BlockHashWithGroupId,
@@ -55,7 +56,10 @@ class KVCacheManager:
     allocation count (the drafter's lookahead slots are the caller's: num_new_tokens).
 
     ``publish`` and ``dedupe`` are our ablation switches towards SGLang (``PUBLISH_TIMES``;
-    ``BlockPool``); vLLM's are "allocation" and False."""
+    ``BlockPool``); vLLM's are "allocation" and False.
+
+    ``enable_kv_cache_events`` (vLLM's): the block pool is given a ``BlockPoolEventRecorder``,
+    which ``take_events`` drains; off, it is given none."""
 
     def __init__(
         self,
@@ -74,6 +78,7 @@ class KVCacheManager:
         known_prompt_hashes: KnownPromptHashes | None = None,
         publish: str = "allocation",
         dedupe: bool = False,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if publish not in PUBLISH_TIMES:
             raise ValueError(f"publish must be one of {PUBLISH_TIMES}, got {publish!r}")
@@ -85,7 +90,17 @@ class KVCacheManager:
         self.free_skipped_on_failure = free_skipped_on_failure
         self.block_size = block_size
         self.free_order = free_order
-        self.block_pool = BlockPool(num_gpu_blocks, unhashed_first, eviction_policy, block_size, dedupe)
+        if not isinstance(enable_kv_cache_events, bool):
+            raise ValueError(f"enable_kv_cache_events must be a bool, got {enable_kv_cache_events!r}")
+        self.enable_kv_cache_events = enable_kv_cache_events
+        kv_events = BlockPoolEventRecorder(block_size) if enable_kv_cache_events else None
+        self.block_pool = BlockPool(
+            num_gpu_blocks,
+            unhashed_first,
+            make_eviction_order(eviction_policy, num_gpu_blocks - 1, block_size),
+            dedupe,
+            kv_events,
+        )
         # vLLM's hash_block_size: tokens per hash; a block is keyed by its last unit's hash.
         hash_block_size = block_size if hash_block_size is None else hash_block_size
         if hash_block_size < 1 or block_size % hash_block_size:
@@ -169,9 +184,7 @@ class KVCacheManager:
             return None
         coordinator.remove_skipped_blocks(request_id, num_computed_tokens)
         if not running:
-            self.block_pool.eviction.admitted(
-                request, partial(self._lookup_keys, request), sum(1 for b in hits[0] if not b.is_null)
-            )
+            self.block_pool.eviction.admitted(request, hits[0], self._lookup_keys)
             coordinator.save_new_computed_blocks(request_id, hits, num_computed_tokens)
             self.shared_prefix_boundary[request_id] = shared_prefix_boundary
         new_blocks = coordinator.allocate_new_blocks(request_id, num_tokens_need_slot)
@@ -181,7 +194,8 @@ class KVCacheManager:
         return new_blocks
 
     def _lookup_keys(self, request: Request) -> list[BlockHashWithGroupId]:
-        """The request's lookup: group 0's keys within the hit cap (what lrp's ghost reads)."""
+        """The request's lookup: group 0's keys within the hit cap (for an eviction order that
+        asks, at admission)."""
         keys = self.hasher.request_hashes(request).keys(0)
         return keys[: max_cache_hit_length(request) // self.block_size]
 
@@ -194,10 +208,9 @@ class KVCacheManager:
             or self.coordinator.num_blocks_to_cache(request.request_id, num_tokens) > 0
         ):
             self.coordinator.cache_blocks(
+                request,
                 self.hasher.request_hashes(request),
-                request.request_id,
                 num_tokens,
-                request.num_prompt_tokens,
                 self.shared_prefix_boundary.get(request.request_id, 0),
             )
 

@@ -24,6 +24,8 @@ from prefixcache.backends.hashchain.block import KVCacheBlock
 from prefixcache.backends.hashchain.block_pool import BlockPool
 from prefixcache.backends.hashchain.hashing import BlockHashWithGroupId, RequestHashes, group_id_suffix
 
+from prefixcache.request import Request
+
 ATTENTION_KINDS = ("full", "sliding_window", "mamba")
 
 
@@ -166,34 +168,34 @@ class SingleTypeKVCacheManager:
 
     def cache_blocks(
         self,
+        request: Request,
         hashes: RequestHashes,
-        request_id: str,
         num_tokens: int,
-        num_prompt_tokens: int = 0,
         retention_interval: int | None = None,
         reachable_boundaries: Sequence[int] = (),
     ) -> None:
-        """Hash the request's blocks full within ``num_tokens``; ``retention_interval`` and
-        ``reachable_boundaries`` (token positions a later hit may resume at) let a sparse
-        group leave blocks no hit can read unhashed (``reachable_block_mask``)."""
+        """Hash the request's blocks full within ``num_tokens`` (``hashes``: the request's);
+        ``retention_interval`` and ``reachable_boundaries`` (token positions a later hit may
+        resume at) let a sparse group leave blocks no hit can read unhashed
+        (``reachable_block_mask``)."""
+        request_id = request.request_id
         num_cached = self.num_cached_block[request_id]
         num_full = num_tokens // self.block_size
         if num_full > num_cached:
             self.block_pool.cache_full_blocks(
+                request,
                 hashes.keys(self.kv_cache_group_id),
                 self.req_to_blocks[request_id],
                 num_cached,
                 num_full,
-                num_prompt_tokens // self.block_size,
+                request.num_prompt_tokens // self.block_size,
                 self.reachable_block_mask(num_cached, num_full, retention_interval, reachable_boundaries),
             )
             self.num_cached_block[request_id] = num_full  # masked blocks too: never hashed later
         if hashes.units_per_block > 1:  # vLLM: on every call, so a tail evicted in use comes back
-            self.cache_partial_tail_block(hashes, request_id, num_tokens, num_prompt_tokens)
+            self.cache_partial_tail_block(request, hashes, num_tokens)
 
-    def cache_partial_tail_block(
-        self, hashes: RequestHashes, request_id: str, num_tokens: int, num_prompt_tokens: int
-    ) -> None:
+    def cache_partial_tail_block(self, request: Request, hashes: RequestHashes, num_tokens: int) -> None:
         """Register the prompt's last hit boundary inside a block (full attention only here;
         vLLM's Mamba "align" variant is not modelled)."""
 
@@ -270,21 +272,19 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             del blocks[num_blocks:]
         return computed, num_blocks * self.block_size
 
-    def cache_partial_tail_block(
-        self, hashes: RequestHashes, request_id: str, num_tokens: int, num_prompt_tokens: int
-    ) -> None:
+    def cache_partial_tail_block(self, request: Request, hashes: RequestHashes, num_tokens: int) -> None:
         """vLLM 0.33 ``FullAttentionManager._cache_partial_tail_block``: with a hash unit below
         the block size, the prompt's hit cap (prompt - 1, down to a unit) that ends inside a
         block is registered as a further key of that block once the block is cached. Hits stay
         block-aligned (a window group is present), so no lookup reads it; it shows in the KV
         events and leaves the map with the block."""
         unit = self.block_size // hashes.units_per_block
-        boundary = min((num_prompt_tokens - 1) // unit, len(hashes.hashes)) * unit
+        boundary = min((request.num_prompt_tokens - 1) // unit, len(hashes.hashes)) * unit
         # vLLM's hybrid coordinator hands its managers num_tokens down to the block size.
         num_cached_tokens = num_tokens // self.block_size * self.block_size
         if boundary <= 0 or boundary > num_cached_tokens or boundary % self.block_size == 0:
             return
-        blocks = self.req_to_blocks[request_id]
+        blocks = self.req_to_blocks[request.request_id]
         block_idx = boundary // self.block_size
         if block_idx >= len(blocks):
             return
@@ -293,7 +293,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         key = hashes.hashes[num_units - 1] + group_id_suffix(self.kv_cache_group_id)
         parent = hashes.hashes[num_units - 2] if num_units > 1 else None
         self.block_pool.cache_partial_block(
-            blocks[block_idx], BlockHashWithGroupId(key), parent, boundary - unit, boundary
+            request, blocks[block_idx], BlockHashWithGroupId(key), parent, boundary - unit, boundary
         )
 
     def get_num_common_prefix_blocks(self, request_id: str) -> int:

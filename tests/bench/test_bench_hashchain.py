@@ -30,7 +30,7 @@ from prefixcache.backends.hashchain.hashing import (
 )
 
 from prefixcache import CacheConfig, Request, make_cache
-from tests.helpers import keyed
+from tests.helpers import DIRECT_REQUEST, keyed
 
 BLOCK = 16
 NUM_BLOCKS = 2048
@@ -72,7 +72,7 @@ def full_pool_of_cached_free_blocks() -> Any:
     pool = BlockPool(NUM_BLOCKS + 1)
     blocks = pool.get_new_blocks(NUM_BLOCKS)
     hashes = [BlockHash(i.to_bytes(32, "big")) for i in range(NUM_BLOCKS)]
-    pool.cache_full_blocks(keyed(hashes, 0), blocks, 0, NUM_BLOCKS)
+    pool.cache_full_blocks(DIRECT_REQUEST, keyed(hashes, 0), blocks, 0, NUM_BLOCKS)
     pool.free_blocks(blocks)
     return pool
 

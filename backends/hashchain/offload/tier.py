@@ -115,7 +115,6 @@ class OffloadingTier(HostTier):
         one BlockStored), then schedules the request, whose allocation caches the blocks of its
         next tokens (a second BlockStored). Blocks reserved past the load at admission (a caller
         that reserved more than the load) are cached now, as that second call."""
-        self.manager.block_pool.event_request = req  # the BlockStored name this request's tokens
         self.manager.cache_blocks(req, num_loaded_tokens)
         reserved = min(self.reserved_tokens(req), req.num_tokens)
         if reserved > num_loaded_tokens:
@@ -125,7 +124,6 @@ class OffloadingTier(HostTier):
         return [b.block_id for b in self.manager.get_blocks(req.request_id)[0]]
 
     def on_commit(self, req: Request) -> None:
-        self.manager.block_pool.event_request = req
         self.manager.cache_blocks(req, req.num_computed_tokens)  # no-op unless its load was not acked
         self.connector.on_commit(req, self.manager.get_blocks(req.request_id)[0])
 
