@@ -63,8 +63,9 @@ FAMILIES = MANAGER_FAMILIES + TIER_FAMILIES
 #     when the GPU pool is short; excluded by giving tier streams a GPU pool that never evicts.
 KNOWN_ASYNC_LOAD = "async-load-allocates-whole-prompt"
 KNOWN = (KNOWN_ASYNC_LOAD,)
-# Found by these streams: after a host load, ours' BlockStored events carry the token_ids of the
-# request allocated last (HostTier._load_done caches without setting block_pool.event_request);
+# Found by these streams (fixed since: the pool's storing calls now take their request, as vLLM's
+# do): after a host load, ours' BlockStored events carried the token_ids of the request allocated
+# last (the load cached its blocks under an ambient event_request set for another request);
 # counted apart when the records agree with every event's token_ids left out.
 FOUND_LOAD_EVENT_TOKENS = "load-event-token-ids-of-another-request"
 
