@@ -133,3 +133,31 @@ def test_a_rerun_runs_only_the_cells_its_summary_lacks(tmp_path, trace_data, mon
     once = read_table(tmp_path / "once" / sr.STUDY / "summary")
     measured = [c for c in once.columns if "wall" in c or c.startswith("cache_op")]  # this machine's clock
     pd.testing.assert_frame_equal(resumed.drop(columns=measured), once.drop(columns=measured))
+
+
+def test_the_full_grid_keeps_each_part_it_runs_and_its_bounds_come_with_the_last(
+    tmp_path, trace_data, monkeypatch
+) -> None:
+    """``--max-cells`` runs of the full grid (here over the tiny grid's cells) each leave the
+    committed table with every cell done so far and a meta that counts them; the pooled replays
+    run once, with the part that completes the grid."""
+    tiny = sr.configs("tiny")
+    monkeypatch.setattr(sr, "configs", lambda scale, clock=sr.CLOCK: tiny)
+    clusters, pooled = tiny
+    sr.run(tmp_path, "full", jobs=1, max_cells=2)
+    table = pd.read_csv(tmp_path / sr.FULL / "summary.csv")
+    meta = json.loads((tmp_path / sr.FULL / "meta.json").read_text())
+    assert len(table) == 2 and set(table["part"]) != {"global"}
+    assert (meta["cells_total"], meta["cells_done"], meta["last_run_cells"]) == (len(clusters), 2, 2)
+    cell_folders = [f for f in (tmp_path / sr.FULL).iterdir() if f.is_dir()]
+    assert len(cell_folders) == 2
+    for folder in cell_folders:
+        shutil.rmtree(folder)  # a fresh clone: the committed table alone
+    ran: list[str] = []
+    real = sr.run_cluster_cell
+    monkeypatch.setattr(sr, "run_cluster_cell", lambda c, *a: ran.append(sr.cell_name(c)) or real(c, *a))
+    sr.run(tmp_path, "full", jobs=1)
+    assert len(ran) == len(clusters) - 2
+    table = pd.read_csv(tmp_path / sr.FULL / "summary.csv")
+    assert (table["part"] != "global").sum() == len(clusters)
+    assert (table["part"] == "global").sum() == len(pooled)

@@ -437,17 +437,22 @@ def run(
     if max_cells is not None:
         todo = todo[:max_cells]
     rows = list(done.values())
+    missing = len(cells) - len(done)
     t0 = time.perf_counter()
-    for i, row in enumerate(_cells(todo, out, force, jobs, executor, address, study), 1):
-        rows.append(row)
-        print(
-            f"  routing {i}/{len(todo)} ({len(done)} done before): {row['source']} {row['design']} "
-            f"{row['label']} x{row['replicas']} load {row['load']} lag {row['event_lag_s']} s  "
-            f"hit {row['token_hit_rate']:.3f}  ({time.perf_counter() - t0:.0f} s)",
-            flush=True,
-        )
-        if scale == "full" and i % 10 == 0:  # a run stopped midway keeps what it did
+    try:
+        for i, row in enumerate(_cells(todo, out, force, jobs, executor, address, study), 1):
+            rows.append(row)
+            print(
+                f"  routing {i}/{len(todo)} ({len(done)} done before): {row['source']} {row['design']} "
+                f"{row['label']} x{row['replicas']} load {row['load']} lag {row['event_lag_s']} s  "
+                f"hit {row['token_hit_rate']:.3f}  ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+    finally:
+        if scale == "full" and rows and len(rows) < len(cells):  # stopped or cut short: keep what it did
             _save_full(pd.DataFrame(rows), out, cells, executor, jobs, len(todo), t0)
+    if scale == "full" and len(todo) < missing:  # a part of the grid: its pooled bounds come last
+        return out / FULL
     replays = run_cells(pooled, out, force=force, jobs=jobs)
     df = pd.concat(
         [pd.DataFrame(rows), replays.rename(columns={"hit_rate": "token_hit_rate"})], ignore_index=True
