@@ -102,14 +102,12 @@ class BlockPoolEventRecorder:
         """vLLM 0.33 ``_emit_block_removed_events``: one ``BlockRemoved`` per hash."""
         from prefixcache.kv_events import MEDIUM_GPU, BlockRemoved
 
-        for key in keys:
-            self.kv_event_queue.append(
-                BlockRemoved(
-                    block_hashes=[self._external(key)],
-                    medium=MEDIUM_GPU,
-                    group_idx=int.from_bytes(key[-4:], "big"),
-                )
-            )
+        external = self._external
+        self.kv_event_queue.extend(
+            BlockRemoved(block_hashes=[external(key)], medium=MEDIUM_GPU,
+                         group_idx=int.from_bytes(key[-4:], "big"))
+            for key in keys
+        )
 
     def emit_all_blocks_cleared(self) -> None:
         """vLLM 0.33 ``reset_prefix_cache``'s event."""
@@ -123,8 +121,9 @@ class BlockPoolEventRecorder:
         return events
 
     def _external(self, key: BlockHashWithGroupId) -> bytes | int:
-        """vLLM 0.33 ``maybe_convert_block_hash`` of the key's block hash (its group id cut off)."""
-        return self._external_hash(BlockHash(key[:-4]))
+        """vLLM 0.33 ``maybe_convert_block_hash`` of the key's block hash (its group id cut off:
+        the hash's last 8 bytes are the key's bytes [-12, -4))."""
+        return int.from_bytes(key[-12:-4], "big") if self.int_block_hashes else BlockHash(key[:-4])
 
     def _external_hash(self, block_hash: BlockHash) -> bytes | int:
         return int.from_bytes(block_hash[-8:], "big") if self.int_block_hashes else block_hash
