@@ -87,7 +87,7 @@ def make(results: Path, paper: Path) -> list[Path]:
         routFullCellHours=fmt(float(cells["wall_s"].sum()) / 3600, 1),
         routFullCellMinutes=fmt(float(cells["wall_s"].mean()) / 60, 1),
         routFullExecutor=str(meta["executor"]),
-        routFullMachine=str(meta["machine"]),
+        routFullMachine=str(meta["machine"]).replace("_", "\\_"),  # (x86_64: LaTeX text)
     )
     slices = complete_slices(df)
     values["routFullSlices"] = str(len(slices))

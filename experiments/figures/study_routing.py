@@ -450,7 +450,7 @@ def run(
             )
     finally:
         if scale == "full" and rows and len(rows) < len(cells):  # stopped or cut short: keep what it did
-            _save_full(pd.DataFrame(rows), out, cells, executor, jobs, len(todo), t0)
+            _save_full(pd.DataFrame(rows), out, cells, executor, jobs, len(rows) - len(done), t0)
     if scale == "full" and len(todo) < missing:  # a part of the grid: its pooled bounds come last
         return out / FULL
     replays = run_cells(pooled, out, force=force, jobs=jobs)
@@ -458,7 +458,7 @@ def run(
         [pd.DataFrame(rows), replays.rename(columns={"hit_rate": "token_hit_rate"})], ignore_index=True
     )
     if scale == "full":
-        _save_full(df, out, cells, executor, jobs, len(todo), t0)
+        _save_full(df, out, cells, executor, jobs, len(rows) - len(done), t0)
         return out / FULL
     s = SCALE[scale]
     save_study(
