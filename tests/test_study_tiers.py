@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from prefixcache.experiments.figures import fig_tiers_full
 from prefixcache.experiments.figures import study_tiers as st
 from prefixcache.experiments.figures import study_tiers_full as stf
 from prefixcache.experiments.figures.common import MOONCAKE_TRACES, REPO_ROOT, cell_name, run_cells
@@ -18,7 +19,7 @@ FULL = REPO_ROOT / "results" / stf.FULL
 
 
 def key(c: dict) -> tuple:
-    device = c["capacity_tokens"] if c["part"] == "tiers" else c["gpu_tokens"]
+    device = {"tiers": c["capacity_tokens"], "pooled": c.get("gpu_tokens"), "host-pool": 0}[c["part"]]
     return c["source"], c["part"], c["label"], device, c["host_tokens"]
 
 
@@ -35,12 +36,16 @@ def test_the_full_grid_runs_every_write_policy_at_every_host_point_with_its_pool
         labels = st.POLICIES if host else st.DESIGNS  # no host tier: no write policy
         want |= {(source, "tiers", label, gpu, host) for label in labels}
         want |= {(source, "pooled", f"pooled-{d}", gpu, host) for d in st.DESIGNS}
+        if host:  # the inclusive bound: a pool of the host's size alone
+            want |= {(source, "host-pool", f"host-pool-{d}", 0, host) for d in st.DESIGNS}
     assert set(keys) == want
     assert set(st.POLICIES) == {"hashchain", "hashchain-arc", "radix", "radix-selective", "radix-write-back"}
     for c in cells:
         assert c["limit"] is None  # whole traces
         if c["part"] == "pooled":
             assert c["mode"] == "replay" and c["capacity_tokens"] == c["gpu_tokens"] + c["host_tokens"]
+        elif c["part"] == "host-pool":
+            assert c["mode"] == "replay" and c["capacity_tokens"] == c["host_tokens"] > 0
         elif c["host_tokens"]:
             tier = c["options"]["host_tier"]
             assert tier["capacity_tokens"] == c["host_tokens"]
@@ -62,7 +67,9 @@ def test_a_part_of_the_full_grid_is_its_cells_of_those_traces_and_devices() -> N
     part = st.configs("full", traces=["mooncake-conversation"], gpus=[1_000_000])
     every = st.configs("full")
     assert {cell_name(c) for c in part} == {
-        cell_name(c) for c in every if c["source"] == "mooncake-conversation" and key(c)[3] == 1_000_000
+        cell_name(c)
+        for c in every
+        if c["source"] == "mooncake-conversation" and key(c)[3] in (1_000_000, 0)  # 0: a host-sized pool
     }
     with pytest.raises(ValueError, match="not a device size"):
         st.configs("full", gpus=[2_000_000])
@@ -87,8 +94,12 @@ def test_the_full_table_counts_hits_over_every_prompt_token_and_pairs_each_tier_
     tmp_path: Path,
 ) -> None:
     cfgs = [c for c in st.configs("tiny") if c["label"] in ("hashchain", "pooled-hashchain")]
+    host = st.SCALE["tiny"]["hosts"][1]
+    cfgs.append(
+        st.host_pool_cell("mooncake-synthetic", st.SCALE["tiny"]["limit"], "hashchain", "hashchain", host)
+    )
     table = stf.full_table(cfgs, run_cells(cfgs, tmp_path, jobs=1), tmp_path)
-    assert len(table) == len(cfgs) == 3  # host 0, host 512k and its pooled bound
+    assert len(table) == len(cfgs) == 4  # host 0, host 512k, its pooled bound and its host-sized pool
     assert (table["device_hit_tokens"] + table["host_hit_tokens"] == table["hit_tokens"]).all()
     assert (table["token_hit_rate"] == table["hit_tokens"] / table["prompt_tokens"]).all()
     assert table["prompt_tokens"].nunique() == 1
@@ -97,11 +108,32 @@ def test_the_full_table_counts_hits_over_every_prompt_token_and_pairs_each_tier_
     assert tier["pooled_hit_rate"] == pooled["token_hit_rate"]
     assert tier["gap_to_pooled"] == pytest.approx(tier["token_hit_rate"] - pooled["token_hit_rate"])
     assert tier["gap_lo"] <= tier["gap_to_pooled"] <= tier["gap_hi"]
+    alone = table[table["part"] == "host-pool"].iloc[0]
+    assert tier["host_pool_hit_rate"] == alone["token_hit_rate"]
+    assert tier["host_pool_gap"] == pytest.approx(tier["token_hit_rate"] - alone["token_hit_rate"])
+    assert tier["host_pool_gap_lo"] <= tier["host_pool_gap"] <= tier["host_pool_gap_hi"]
     assert tier["token_hit_rate_lo"] <= tier["token_hit_rate"] <= tier["token_hit_rate_hi"]
+    # the paper's table and values are made from the folder write_full leaves
+    meta = dict(
+        executor="joblib",
+        jobs=1,
+        clock=st.CLOCK,
+        traces=["mooncake-synthetic"],
+        gpus=[1 << 17],
+        cells=len(cfgs),
+        grid_cells=len(cfgs),
+    )
+    stf.write_full(tmp_path, cfgs, run_cells(cfgs, tmp_path, jobs=1), meta, 1.0)
+    tex, values = fig_tiers_full.make(tmp_path, tmp_path / "paper")
+    assert tex.read_text().count("synthetic &") == 2  # one row per tier cell
+    macros = values.read_text()
+    assert "\\newcommand{\\tierFullRan}{yes}" in macros
+    assert f"{{{tier['token_hit_rate'] * 100:.1f}}}" in macros
 
 
 def _rows(df: pd.DataFrame) -> pd.DataFrame:
-    return df.drop(columns=["wall_s", "cache_op_s"]).sort_values("cell").reset_index(drop=True)  # wall clocks
+    wall_clocks = ["wall_s", "cache_op_s"]
+    return df.drop(columns=wall_clocks).sort_values("cell").reset_index(drop=True)
 
 
 def test_cells_run_as_ray_tasks_match_joblib_and_a_rerun_reads_them_back(tmp_path: Path) -> None:

@@ -23,7 +23,9 @@ Scales: ``default`` the first ``limit`` requests of each trace, host 0 or 10M to
 variants at one point (about 15 minutes on 2 cores; the small default, in ``make reproduce``);
 ``full`` every request of both traces, device 1M or 3M, host 0, 10M, 50M or unbounded, every
 write policy of each design at every host point and the pooled replay at every point (host 0
-included: the device pool alone, replayed). "Unbounded": there is no host tier without a size
+included: the device pool alone, replayed), and one pool of the host's size alone, replayed (a
+host that keeps a copy of everything on the device holds at most that much: the inclusive
+bound). "Unbounded": there is no host tier without a size
 (vLLM sizes its CPU blocks and SGLang its host pool from a byte count), so it is a host of
 ``trace_tokens`` tokens, every prompt and output token of the trace, page-aligned: more than any
 run can store (vLLM stores prompt blocks only, SGLang a token once per tree path), so it never
@@ -165,6 +167,22 @@ def pooled_cell(
     return c
 
 
+def host_pool_cell(source: str, limit: int | None, label: str, backend: str, host: int) -> dict[str, Any]:
+    """The inclusive bound of a host size: one device pool of the host's size alone, replayed."""
+    c = cell_config(
+        STUDY,
+        source=source,
+        backend=backend,
+        page_size=PAGE,
+        capacity_tokens=host,
+        mode="replay",
+        label=f"host-pool-{label}",
+        limit=limit,
+    )
+    c.update(part="host-pool", host_tokens=host)
+    return c
+
+
 def configs(
     scale: str, clock: str = CLOCK, traces: list[str] | None = None, gpus: list[int] | None = None
 ) -> list[dict[str, Any]]:
@@ -193,7 +211,12 @@ def configs(
                     out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields, cost))
                     if label in DESIGNS and (host or everywhere):
                         out.append(pooled_cell(source, s["limit"], label, backend, gpu, host))
-        if not everywhere:
+        if everywhere:  # the inclusive bound, one a host size (it has no device part)
+            for label, (backend, _) in DESIGNS.items():
+                for name in s["hosts"]:
+                    if host := host_size(name, source, s["limit"]):
+                        out.append(host_pool_cell(source, s["limit"], label, backend, host))
+        else:
             gpu, host = s["variant_at"]
             for label, (backend, fields) in VARIANTS.items():
                 out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields, cost))

@@ -3,9 +3,11 @@ folder ``results/tiers_full/``.
 
 ``summary.csv`` has one row per cell: hit rates over every prompt token of the whole trace
 (device, host, both: the engine study's ``token_hit_rate``), a 95% interval from a bootstrap
-over conversations (``study_engine_traces.conversations``), and for each tier cell its pooled
-bound and the paired gap to it; ``runtime.csv`` each cell's wall time; ``meta.json`` the part
-of the grid it holds, the executor and the run's time.
+over conversations (``study_engine_traces.conversations``), and for each tier cell its two
+bounds and the paired gaps to them (tier minus bound): the pooled rate (``pooled_hit_rate``,
+``gap_to_pooled``, ``gap_lo``, ``gap_hi``) and the host-sized pool's (``host_pool_hit_rate``,
+``host_pool_gap``, ``host_pool_gap_lo``, ``host_pool_gap_hi``). ``runtime.csv``: each cell's
+wall time; ``meta.json``: the part of the grid it holds, the executor and the run's time.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ FULL = "tiers_full"  # the committed result of --scale full
 
 
 def full_table(cfgs: list[dict[str, Any]], cells: pd.DataFrame, out: Path) -> pd.DataFrame:
-    """One row per cell: hit rates over every prompt token of the trace (device, host, both;
-    the engine study's ``token_hit_rate``), its 95% interval over conversations, and for a
-    tier cell its pooled bound and the paired gap to it (tier minus pooled, same resamples)."""
+    """One row per cell (the module's ``summary.csv``; ``out`` holds the cells' folders)."""
     from prefixcache.experiments.figures.study_engine_traces import conversations
 
     groups: dict[str, np.ndarray] = {}
@@ -63,7 +63,7 @@ def full_table(cfgs: list[dict[str, Any]], cells: pd.DataFrame, out: Path) -> pd
                 part=c["part"],
                 design=c["backend"],
                 label=c["label"],
-                device_tokens=int(c["capacity_tokens"] if tier else c["gpu_tokens"]),
+                device_tokens=int(c["capacity_tokens"] if tier else c.get("gpu_tokens", 0)),
                 host=host_name(host, source, c["limit"]),
                 host_tokens=host,
                 requests=int(row["requests"]),
@@ -89,23 +89,32 @@ def full_table(cfgs: list[dict[str, Any]], cells: pd.DataFrame, out: Path) -> pd
             )
         )
     table = pd.DataFrame(rows)
-    key = ["trace", "design", "device_tokens", "host_tokens"]
-    pooled = table[table["part"] == "pooled"].set_index(key)
-    for col in ("pooled_hit_rate", "gap_to_pooled", "gap_lo", "gap_hi"):
-        table[col] = np.nan
-    for i, r in table[table["part"] == "tiers"].iterrows():
-        at = tuple(r[k] for k in key)
-        if at not in pooled.index:
-            continue
-        p = pooled.loc[at]
-        gap = hits[r["cell"]] - hits[p["cell"]]
-        lo, hi = grouped_ratio_ci95(gap, r["prompt"], groups["mooncake-" + r["trace"]])
-        table.loc[i, ["pooled_hit_rate", "gap_to_pooled", "gap_lo", "gap_hi"]] = [
-            p["token_hit_rate"],
-            r["token_hit_rate"] - p["token_hit_rate"],
-            lo,
-            hi,
-        ]
+    tiers = table["part"] == "tiers"
+    for part, prefix, key in (
+        ("pooled", "", ["trace", "design", "device_tokens", "host_tokens"]),
+        ("host-pool", "host_pool_", ["trace", "design", "host_tokens"]),
+    ):
+        bounds = table[table["part"] == part].set_index(key)["cell"]
+        columns = [f"{prefix}{c}" for c in ("bound_hit_rate", "gap", "gap_lo", "gap_hi")]
+        table[columns] = np.nan
+        for i, r in table[tiers].iterrows():
+            bound = bounds.get(tuple(r[k] for k in key))
+            if bound is None:
+                continue
+            gap = hits[r["cell"]] - hits[bound]  # paired: the same resamples of conversations
+            lo, hi = grouped_ratio_ci95(gap, r["prompt"], groups["mooncake-" + r["trace"]])
+            table.loc[i, columns] = [
+                float(hits[bound].sum()) / r["prompt_tokens"],
+                float(gap.sum()) / r["prompt_tokens"],
+                lo,
+                hi,
+            ]
+    names = {
+        "bound_hit_rate": "pooled_hit_rate",
+        "gap": "gap_to_pooled",
+        "host_pool_bound_hit_rate": "host_pool_hit_rate",
+    }
+    table = table.rename(columns=names)
     unbounded = table[(table["host"] == UNBOUNDED) & (table["host_evicted_tokens"] > 0)]
     if not unbounded.empty:
         raise RuntimeError(f"an unbounded host tier evicted: {unbounded['cell'].tolist()}")
