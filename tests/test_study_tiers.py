@@ -128,7 +128,7 @@ def test_the_full_table_counts_hits_over_every_prompt_token_and_pairs_each_tier_
     assert tex.read_text().count("synthetic &") == 2  # one row per tier cell
     macros = values.read_text()
     assert "\\newcommand{\\tierFullRan}{yes}" in macros
-    assert f"{{{tier['token_hit_rate'] * 100:.1f}}}" in macros
+    assert f"{{{tier['token_hit_rate'] * 100:.2f}}}" in macros
 
 
 def _rows(df: pd.DataFrame) -> pd.DataFrame:

@@ -22,7 +22,7 @@ from prefixcache.experiments.figures.plotting import (
     write_macros,
     write_table_tex,
 )
-from prefixcache.experiments.figures.study_tiers import POLICIES, UNBOUNDED
+from prefixcache.experiments.figures.study_tiers import POLICIES, SCALE, UNBOUNDED
 from prefixcache.experiments.figures.study_tiers_full import FULL
 
 from prefixcache.tiers import LLAMA3_8B_BYTES_PER_TOKEN
@@ -67,7 +67,13 @@ HEADER = [
 
 
 def pct(x: float) -> str:
-    return fmt(float(x) * 100)
+    """A rate in percent to a hundredth (the bounds are this close to the tiers)."""
+    return fmt(float(x) * 100, 2)
+
+
+def points(rate: float) -> str:
+    """A gap in points, signed, to a thousandth (some gaps are hundredths)."""
+    return f"{rate * 100:+.3f}"
 
 
 def size(tokens: int) -> str:
@@ -93,6 +99,11 @@ def values(table: pd.DataFrame, meta: dict, runtime: pd.DataFrame) -> dict[str, 
         "tierFullTraces": ", ".join(t.removeprefix("mooncake-") for t in meta["traces"]),
         "tierFullGpusM": ", ".join(size(g) for g in meta["gpus"]),
     }
+    grid = SCALE["full"]
+    rest = [t.removeprefix("mooncake-") + " trace" for t in grid["traces"] if t not in meta["traces"]]
+    rest += [f"{size(g)} device tokens" for g in grid["gpus"] if g not in meta["gpus"]]
+    out["tierFullComplete"] = "no" if rest else "yes"  # the paper guards the rest with \ifx
+    out["tierFullRest"] = " and ".join(rest) if rest else "none"
     walls = runtime.set_index("cell")["wall_s"]
     for design, word in (("hashchain", "Hash"), ("radix", "Radix")):
         cells = tiers[(tiers["design"] == design) & (tiers["host"] != "0")]["cell"]
@@ -114,9 +125,13 @@ def values(table: pd.DataFrame, meta: dict, runtime: pd.DataFrame) -> dict[str, 
     for _, r in table.iterrows():
         src = SOURCE_WORD["mooncake-" + r["trace"]]
         at = f"Gpu{size_word(size(r['device_tokens']))}Host{size_word(r['host'])}"
-        if r["part"] != "tiers":  # a bound: its rate only (host-pool rows have no device part)
-            word = "Pooled" if r["part"] == "pooled" else "HostPool"
-            out[f"tierFull{src}{word}{LABEL_WORD[r['design']]}{at}"] = pct(r["token_hit_rate"])
+        if r["part"] == "host-pool":  # a bound without a device part: its rate only
+            out[f"tierFull{src}HostPool{LABEL_WORD[r['design']]}Host{size_word(r['host'])}"] = pct(
+                r["token_hit_rate"]
+            )
+            continue
+        if r["part"] == "pooled":
+            out[f"tierFull{src}Pooled{LABEL_WORD[r['design']]}{at}"] = pct(r["token_hit_rate"])
             continue
         key = f"tierFull{src}{LABEL_WORD[r['label']]}{at}"
         out[f"{key}Device"] = pct(r["device_hit_rate"])
@@ -125,16 +140,16 @@ def values(table: pd.DataFrame, meta: dict, runtime: pd.DataFrame) -> dict[str, 
         out[f"{key}TotalCI"] = f"{pct(r['token_hit_rate_lo'])}--{pct(r['token_hit_rate_hi'])}"
         out[f"{key}HostEvictedM"] = fmt(float(r["host_evicted_tokens"]) / 1e6)
         out[f"{key}StoredGB"] = fmt(float(r["stored_tokens"]) * gb, 0)
+        out[f"{key}StoredM"] = fmt(float(r["stored_tokens"]) / 1e6)
         out[f"{key}TtftNinety"] = fmt(float(r["ttft_p90_s"]), 2)
         if pd.notna(r["gap_to_pooled"]):
             out[f"{key}Pooled"] = pct(r["pooled_hit_rate"])
-            out[f"{key}GapPts"] = fmt(float(r["gap_to_pooled"]) * 100, 2)
-            out[f"{key}GapCI"] = f"{fmt(float(r['gap_lo']) * 100, 2)} to {fmt(float(r['gap_hi']) * 100, 2)}"
+            out[f"{key}GapPts"] = points(r["gap_to_pooled"])
+            out[f"{key}GapCI"] = f"{points(r['gap_lo'])} to {points(r['gap_hi'])}"
         if pd.notna(r["host_pool_gap"]):
             out[f"{key}HostPool"] = pct(r["host_pool_hit_rate"])
-            out[f"{key}HostPoolGapPts"] = fmt(float(r["host_pool_gap"]) * 100, 2)
-            lo, hi = (fmt(float(r[f"host_pool_gap_{e}"]) * 100, 2) for e in ("lo", "hi"))
-            out[f"{key}HostPoolGapCI"] = f"{lo} to {hi}"
+            out[f"{key}HostPoolGapPts"] = points(r["host_pool_gap"])
+            out[f"{key}HostPoolGapCI"] = f"{points(r['host_pool_gap_lo'])} to {points(r['host_pool_gap_hi'])}"
     return out
 
 
@@ -143,7 +158,7 @@ def gap_text(r: pd.Series, prefix: str) -> str:
     gap, lo, hi = (r[f"{prefix}{c}"] for c in ("gap", "gap_lo", "gap_hi"))
     if pd.isna(gap):
         return "--"
-    return f"{gap * 100:+.2f} ({lo * 100:+.2f} to {hi * 100:+.2f})"
+    return f"{points(gap)} ({points(lo)} to {points(hi)})"
 
 
 def rows(table: pd.DataFrame) -> list[list[str]]:
