@@ -93,7 +93,8 @@ routing-full: $(STAMP)
 decomposition-full: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.figures.study_decomposition --scale full --out results
 
-# The tier study's full grid (whole traces, 100 cells: about 6 hours on one core) as Ray tasks:
+# The tier study's full grid (whole traces, 112 cells: about 3.5 hours on one core; the 1M-device
+# half took 106 minutes) as Ray tasks:
 # writes the committed results/tiers_full/. Resumable (a rerun skips finished cells);
 # TIERS_FULL_ARGS picks a part, e.g. --traces mooncake-conversation --gpus 1000000.
 TIERS_FULL_JOBS ?= 1
