@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SCALE ?= default
 PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 
-.PHONY: decomposition-full divergence engine-traces-full routing-full setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
+.PHONY: decomposition-full divergence engine-traces-full routing-full tiers-full setup test test-thorough mutants bench calibrate side-channel-timing upstream whole-traces-full hybrid-traces reproduce lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -92,6 +92,14 @@ routing-full: $(STAMP)
 # results/decomposition_full/, committed.
 decomposition-full: $(STAMP)
 	$(BIN)/python -m prefixcache.experiments.figures.study_decomposition --scale full --out results
+
+# The tier study's full grid (whole traces, 112 cells: about 3.5 hours on one core; the 1M-device
+# half took 106 minutes) as Ray tasks:
+# writes the committed results/tiers_full/. Resumable (a rerun skips finished cells);
+# TIERS_FULL_ARGS picks a part, e.g. --traces mooncake-conversation --gpus 1000000.
+TIERS_FULL_JOBS ?= 1
+tiers-full: $(STAMP)
+	$(BIN)/python -m prefixcache.experiments.figures.study_tiers --scale full --out results --executor ray --jobs $(TIERS_FULL_JOBS) $(TIERS_FULL_ARGS)
 
 # The hybrid study's whole-trace cells (12, about half an hour on 2 cores): results/hybrid_traces/.
 hybrid-traces: $(STAMP)

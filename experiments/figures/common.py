@@ -376,21 +376,53 @@ def flat_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_cells(configs: Sequence[dict[str, Any]], out_root: Path, *, force: bool = False,
-              jobs: int = 2, group: Callable[[dict[str, Any]], Any] | None = None) -> pd.DataFrame:
+              jobs: int = 2, group: Callable[[dict[str, Any]], Any] | None = None,
+              executor: str = "joblib", address: str | None = None) -> pd.DataFrame:
     """Run every cell (``jobs`` processes); cells with equal ``group(config)`` run in one
-    process in order, sharing one request list (replay only: trace requests are costly to build)."""
+    process in order, sharing one request list (replay only: trace requests are costly to build).
+    ``executor`` "ray" runs each group as a Ray task (``jobs`` CPUs of a local Ray, or the
+    cluster at ``address``, whose workers must see ``out_root``); a worker writes its cells'
+    folders, so a run cut short keeps every finished cell and the next run skips them."""
     from joblib import Parallel, delayed
 
     groups: dict[Any, list[dict[str, Any]]] = {}
     for i, c in enumerate(configs):
         groups.setdefault(group(c) if group else i, []).append(c)
     batches = list(groups.values())
+    if executor == "ray":
+        return pd.DataFrame([row for rows in _ray_groups(batches, out_root, force, group is not None,
+                                                          jobs, address) for row in rows])
+    if executor != "joblib":
+        raise ValueError(f"unknown executor {executor!r}; valid: joblib, ray")
+    if address is not None:
+        raise ValueError("--address names a Ray cluster: it needs --executor ray")
     if jobs <= 1 or len(batches) == 1:
         results = [_run_group(b, out_root, force, group is not None) for b in batches]
     else:
         results = Parallel(n_jobs=jobs)(delayed(_run_group)(b, out_root, force, group is not None)
                                         for b in batches)
     return pd.DataFrame([row for rows in results for row in rows])
+
+
+def _ray_groups(batches: list[list[dict[str, Any]]], out_root: Path, force: bool, share: bool, jobs: int,
+                address: str | None) -> list[list[dict[str, Any]]]:
+    """``_run_group`` of every batch as a Ray task; the rows in the batches' order, each
+    finished cell's line printed as it comes back."""
+    from prefixcache.experiments.sweep import ray_session
+
+    with ray_session(address, num_cpus=jobs) as ray:
+        task = ray.remote(_run_group)
+        refs = [task.remote(b, out_root.resolve(), force, share) for b in batches]
+        order = {ref: i for i, ref in enumerate(refs)}
+        results: list[list[dict[str, Any]]] = [[] for _ in refs]
+        pending, t0 = list(refs), time.perf_counter()
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            rows = results[order[done[0]]] = ray.get(done[0])
+            progress = f"{len(refs) - len(pending)}/{len(refs)}, {time.perf_counter() - t0:.0f} s"
+            for row in rows:
+                print(f"  {row['cell']}: {row['wall_s']:.0f} s ({progress})", flush=True)
+    return results
 
 
 def _run_group(
@@ -417,10 +449,12 @@ def save_study(df: pd.DataFrame, out_root: Path, study: str, meta: dict[str, Any
 
 
 def study_main(run: Callable[..., Path], scales: Sequence[str], doc: str | None,
-               argv: list[str] | None, default_clock: str | None = None) -> int:
+               argv: list[str] | None, default_clock: str | None = None,
+               more: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
     """The command line every study script shares: --scale, --out, --force, --jobs; with
     ``default_clock``, also --clock (a ``cost_model.named_clock`` name), for the engine studies
-    whose clock is a parameter (passed to ``run`` as ``clock=``)."""
+    whose clock is a parameter (passed to ``run`` as ``clock=``); ``more`` adds a study's own
+    options (e.g. ``executor_options``), each passed to ``run`` as a keyword of its name."""
     ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     ap.add_argument("--scale", default="default", choices=list(scales))
     ap.add_argument("--out", default="results")
@@ -429,16 +463,29 @@ def study_main(run: Callable[..., Path], scales: Sequence[str], doc: str | None,
     if default_clock is not None:
         ap.add_argument("--clock", default=default_clock,
                         help=f"the simulated clock (default {default_clock}; cpu)")
+    shared = set(vars(ap.parse_args([])))  # the options above
+    if more is not None:
+        more(ap)
     a = ap.parse_args(argv)
+    extra = {k: v for k, v in vars(a).items() if k not in shared}
+    if extra.get("address") and extra.get("executor") != "ray":
+        ap.error("--address names a Ray cluster: it needs --executor ray")
     if default_clock is None:
-        run(Path(a.out), a.scale, a.force, a.jobs)
+        run(Path(a.out), a.scale, a.force, a.jobs, **extra)
         return 0
     try:
         named_clock(a.clock)
     except ValueError as e:
         ap.error(str(e))
-    run(Path(a.out), a.scale, a.force, a.jobs, clock=a.clock)
+    run(Path(a.out), a.scale, a.force, a.jobs, clock=a.clock, **extra)
     return 0
+
+
+def executor_options(ap: argparse.ArgumentParser) -> None:
+    """--executor and --address, for a study whose ``run`` passes them to ``run_cells``."""
+    ap.add_argument("--executor", choices=["joblib", "ray"], default="joblib",
+                    help="where cells run: joblib processes here (default) or Ray tasks")
+    ap.add_argument("--address", default=None, help="a Ray cluster (with --executor ray)")
 
 
 # A study's default scale run under the CPU-measured clock (``--clock cpu --out results/cpu_clock``)

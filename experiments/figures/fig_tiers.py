@@ -156,7 +156,8 @@ def make(results: Path, paper: Path) -> list[Path]:
             HEADER,
             rows,
             "llrrrrrrrrrr",
-            f"A host tier under the device pool: the first {values['tierLimit']} requests of each "
+            f"The small default (\\texttt{{make reproduce}}): a host tier under the device pool for the "
+            f"first {values['tierLimit']} requests of each "
             "Mooncake trace on one engine at 70\\% of its no-cache load. Device and host: shares of "
             "prompt tokens reused from each tier; pooled: one device pool of both sizes (replay). TTFT "
             f"in simulated seconds (clock: {clock}) with host loads on a 50~GB/s link; bytes at "
@@ -257,6 +258,7 @@ def table_values(tiers: Any, pooled: Any, sources: list[str], gpus: list[int],
                     values[f"{key}Total"] = fmt(float(r0["total_hit_rate"]) * 100)
                     values[f"{key}Pooled"] = pooled_rate
                     values[f"{key}TtftNinety"] = fmt(float(r0["ttft_p90_s"]))
+                    values[f"{key}HostEvictedM"] = fmt(float(r0["host_evicted_tokens"]) / 1e6)
                     hits = float(r0["host_hits"])
                     moved = float(r0["loaded_tokens"]) + float(r0["stored_tokens"])
                     values[f"{key}BytesPerHit"] = fmt(moved / hits, 1) if hits else "--"

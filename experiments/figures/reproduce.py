@@ -40,6 +40,7 @@ from prefixcache.experiments.figures import (
     fig_side_channel,
     fig_structures,
     fig_tiers,
+    fig_tiers_full,
     fig_ttft,
     plotting,
     study_capacity,
@@ -68,7 +69,7 @@ STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduli
 FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
            fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces, tab_cost_model,
            fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_routing_full, fig_tiers,
-           fig_engine_traces, fig_decomposition]
+           fig_tiers_full, fig_engine_traces, fig_decomposition]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 

@@ -19,13 +19,30 @@ clock's) with host loads on a PCIe Gen5 link
 host-hit token, host evictions. Beside them, one device pool of ``gpu + host`` tokens (a
 replay): the pooled hit rate a local host tier could at most recover.
 
-Scales: ``default`` the first ``limit`` requests of each trace, host 0 or 10M tokens (about 15
-minutes on 2 cores); ``full`` every request, host 0, 10M or 50M tokens (hours).
-Writes ``results/tiers/summary``.
+Scales: ``default`` the first ``limit`` requests of each trace, host 0 or 10M tokens, the
+variants at one point (about 15 minutes on 2 cores; the small default, in ``make reproduce``);
+``full`` every request of both traces, device 1M or 3M, host 0, 10M, 50M or unbounded, every
+write policy of each design at every host point and the pooled replay at every point (host 0
+included: the device pool alone, replayed), and one pool of the host's size alone, replayed (a
+host that keeps a copy of everything on the device holds at most that much: the inclusive
+bound). "Unbounded": there is no host tier without a size
+(vLLM sizes its CPU blocks and SGLang its host pool from a byte count), so it is a host of
+``trace_tokens`` tokens, every prompt and output token of the trace, page-aligned: more than any
+run can store (vLLM stores prompt blocks only, SGLang a token once per tree path), so it never
+evicts, which the full table checks. The default scale writes ``results/tiers/summary``;
+``--scale full`` (``make tiers-full``, hours: ``--traces``/``--gpus`` run part of the grid, and a
+rerun skips finished cells) writes the committed ``results/tiers_full/``: ``summary.csv`` (hit
+rates over the prompt tokens of the whole trace, the engine study's denominator, with 95%
+intervals over conversations, and each tier cell's paired gap to its pooled bound),
+``runtime.csv`` (each cell's wall time) and ``meta.json`` (the part of the grid it holds, the
+executor, the wall time).
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +50,7 @@ from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
     cell_config,
     check_scale,
+    executor_options,
     run_cells,
     save_study,
     study_main,
@@ -56,6 +74,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "radix-selective": ("radix", {"write_policy": "write_through_selective"}),
     "radix-write-back": ("radix", {"write_policy": "write_back"}),
 }
+POLICIES = {**DESIGNS, **VARIANTS}  # every write policy of each design
+UNBOUNDED = "unbounded"  # a host size: every token of the trace (``trace_tokens``)
 SCALE = {
     "tiny": dict(
         traces=["mooncake-synthetic"],
@@ -75,10 +95,31 @@ SCALE = {
         traces=list(MOONCAKE_TRACES),
         limit=None,
         gpus=[1_000_000, 3_000_000],
-        hosts=[0, 10_000_000, 50_000_000],
-        variant_at=(1_000_000, 10_000_000),
+        hosts=[0, 10_000_000, 50_000_000, UNBOUNDED],
+        variant_at=None,  # every policy at every host point
     ),
 }
+
+
+def trace_tokens(source: str, limit: int | None) -> int:
+    """Every prompt and output token of the trace's first ``limit`` requests, rounded up to a
+    page: the "unbounded" host tier, which can never fill."""
+    from prefixcache.experiments.inputs.traces import read_mooncake
+
+    records = read_mooncake(MOONCAKE_TRACES[source])[:limit]
+    tokens = sum(r.input_length + r.output_length for r in records)
+    return -(-tokens // PAGE) * PAGE
+
+
+def host_size(host: int | str, source: str, limit: int | None) -> int:
+    return trace_tokens(source, limit) if host == UNBOUNDED else int(host)
+
+
+def host_name(host: int, source: str, limit: int | None) -> str:
+    """How the tables name a host size: "0", "10M", ..., or "unbounded"."""
+    if host and host == trace_tokens(source, limit):
+        return UNBOUNDED
+    return f"{host / 1e6:g}M" if host else "0"
 
 
 def tier_cell(
@@ -108,39 +149,112 @@ def tier_cell(
     return c
 
 
-def configs(scale: str, clock: str = CLOCK) -> list[dict[str, Any]]:
-    """Every cell of ``scale``; engine cells under ``clock`` (a ``named_clock`` name)."""
+def pooled_cell(
+    source: str, limit: int | None, label: str, backend: str, gpu: int, host: int
+) -> dict[str, Any]:
+    """The pooled bound of a (device, host) point: one device pool as large as both, replayed."""
+    c = cell_config(
+        STUDY,
+        source=source,
+        backend=backend,
+        page_size=PAGE,
+        capacity_tokens=gpu + host,
+        mode="replay",
+        label=f"pooled-{label}",
+        limit=limit,
+    )
+    c.update(part="pooled", gpu_tokens=gpu, host_tokens=host)
+    return c
+
+
+def host_pool_cell(source: str, limit: int | None, label: str, backend: str, host: int) -> dict[str, Any]:
+    """The inclusive bound of a host size: one device pool of the host's size alone, replayed."""
+    c = cell_config(
+        STUDY,
+        source=source,
+        backend=backend,
+        page_size=PAGE,
+        capacity_tokens=host,
+        mode="replay",
+        label=f"host-pool-{label}",
+        limit=limit,
+    )
+    c.update(part="host-pool", host_tokens=host)
+    return c
+
+
+def configs(
+    scale: str, clock: str = CLOCK, traces: list[str] | None = None, gpus: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """Every cell of ``scale``; engine cells under ``clock`` (a ``named_clock`` name); of the
+    full grid, only ``traces`` and ``gpus`` if given (a part of it, run first)."""
     s = SCALE[check_scale(scale)]
+    for name, asked, grid in (("trace", traces, s["traces"]), ("device size", gpus, s["gpus"])):
+        stray = set(asked or ()) - set(grid)
+        if stray:
+            raise ValueError(f"{sorted(stray)}: not a {name} of the {scale} scale; valid: {grid}")
     cost = named_clock(clock)
+    everywhere = s["variant_at"] is None
     out = []
     for source in s["traces"]:
+        if traces is not None and source not in traces:
+            continue
         factor = trace_arrival_scale(source, s["limit"], cost, LOAD)
-        for label, (backend, fields) in DESIGNS.items():
+        for label, (backend, fields) in (POLICIES if everywhere else DESIGNS).items():
             for gpu in s["gpus"]:
-                for host in s["hosts"]:
+                if gpus is not None and gpu not in gpus:
+                    continue
+                for name in s["hosts"]:
+                    host = host_size(name, source, s["limit"])
+                    if host == 0 and label not in DESIGNS:
+                        continue  # no host tier: no write policy
                     out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields, cost))
-                    if host:  # the pooled bound: one device pool as large as both tiers
-                        c = cell_config(
-                            STUDY,
-                            source=source,
-                            backend=backend,
-                            page_size=PAGE,
-                            capacity_tokens=gpu + host,
-                            mode="replay",
-                            label=f"pooled-{label}",
-                            limit=s["limit"],
-                        )
-                        c.update(part="pooled", gpu_tokens=gpu, host_tokens=host)
-                        out.append(c)
-        gpu, host = s["variant_at"]
-        for label, (backend, fields) in VARIANTS.items():
-            out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields, cost))
+                    if label in DESIGNS and (host or everywhere):
+                        out.append(pooled_cell(source, s["limit"], label, backend, gpu, host))
+        if everywhere:  # the inclusive bound, one a host size (it has no device part)
+            for label, (backend, _) in DESIGNS.items():
+                for name in s["hosts"]:
+                    if host := host_size(name, source, s["limit"]):
+                        out.append(host_pool_cell(source, s["limit"], label, backend, host))
+        else:
+            gpu, host = s["variant_at"]
+            for label, (backend, fields) in VARIANTS.items():
+                out.append(tier_cell(source, s["limit"], factor, label, backend, gpu, host, fields, cost))
     return out
 
 
-def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2, clock: str = CLOCK) -> Path:
+def run(
+    out: Path,
+    scale: str = "default",
+    force: bool = False,
+    jobs: int = 2,
+    clock: str = CLOCK,
+    executor: str = "joblib",
+    address: str | None = None,
+    traces: list[str] | None = None,
+    gpus: list[int] | None = None,
+) -> Path:
     s = SCALE[check_scale(scale)]
-    df = run_cells(configs(scale, clock), out, force=force, jobs=jobs)
+    if scale != "full" and (traces or gpus):
+        raise ValueError("--traces and --gpus pick a part of the full grid: they need --scale full")
+    t0 = time.perf_counter()
+    cfgs = configs(scale, clock, traces, gpus)
+    df = run_cells(cfgs, out, force=force, jobs=jobs, executor=executor, address=address)
+    if scale == "full":
+        part = dict(traces=traces or s["traces"], gpus=gpus or s["gpus"])
+        meta = dict(
+            command=" ".join(sys.argv),
+            date=time.strftime("%Y-%m-%d"),
+            executor=executor,
+            jobs=jobs,
+            clock=clock,
+            **part,
+            cells=len(cfgs),
+            grid_cells=len(configs(scale, clock)),
+        )
+        from prefixcache.experiments.figures.study_tiers_full import write_full
+
+        return write_full(out, cfgs, df, meta, time.perf_counter() - t0)
     save_study(
         df,
         out,
@@ -159,8 +273,16 @@ def run(out: Path, scale: str = "default", force: bool = False, jobs: int = 2, c
     return out / STUDY
 
 
+def full_options(ap: argparse.ArgumentParser) -> None:
+    executor_options(ap)
+    ap.add_argument(
+        "--traces", nargs="+", choices=list(MOONCAKE_TRACES), help="full scale: only these traces"
+    )
+    ap.add_argument("--gpus", nargs="+", type=int, help="full scale: only these device sizes (tokens)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    return study_main(run, SCALE, __doc__, argv, CLOCK)
+    return study_main(run, SCALE, __doc__, argv, CLOCK, more=full_options)
 
 
 if __name__ == "__main__":
