@@ -48,6 +48,7 @@ ROUTER_WORD = {
     "dynamo": "Dynamo",
     "dynamo-current": "DynamoCurrent",
     "dynamo-events": "DynamoEvents",
+    "dynamo-current-events": "DynamoCurrentEvents",
     "llm-d": "Llmd",
     "llm-d-precise": "LlmdPrecise",
     "production-stack": "ProductionStack",

@@ -17,11 +17,11 @@ from itertools import combinations
 from pathlib import Path
 
 import pandas as pd
+from prefixcache.experiments.figures.fig_routing import DESIGN_WORD, ROUTER_WORD
 from prefixcache.experiments.figures.plotting import fmt, write_macros, write_table_tex
 from prefixcache.experiments.figures.study_routing import DESIGNS, FULL, ROUTERS, SCALE, configs
 
 SLICE = ["source", "replicas", "capacity_tokens", "load"]
-DESIGN_WORD = {"hashchain": "Hash", "radix": "Radix"}
 
 
 def load_full(results: Path) -> tuple[pd.DataFrame, dict] | None:
@@ -119,8 +119,7 @@ def make(results: Path, paper: Path) -> list[Path]:
                 values[f"routFull{key}Pairs"] = str(len(pairs))
                 values[f"routFull{key}AllPairs"] = str(len(rows) * (len(rows) - 1) // 2)
                 for r in rows.itertuples():
-                    word = "".join(part.capitalize() for part in r.label.split("-"))
-                    values[f"routFull{word}{key}Hit"] = pct(r.token_hit_rate)
+                    values[f"routFull{ROUTER_WORD[r.label]}{key}Hit"] = pct(r.token_hit_rate)
             if not k:
                 values.update(
                     routFullTrace=source.removeprefix("mooncake-"),

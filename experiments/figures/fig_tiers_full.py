@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from prefixcache.experiments.figures.fig_tiers import LABEL_WORD
 from prefixcache.experiments.figures.plotting import (
     SOURCE_WORD,
     figure_main,
@@ -27,13 +28,6 @@ from prefixcache.experiments.figures.study_tiers_full import FULL
 
 from prefixcache.tiers import LLAMA3_8B_BYTES_PER_TOKEN
 
-LABEL_WORD = {
-    "hashchain": "Hash",
-    "radix": "Radix",
-    "hashchain-arc": "HashArc",
-    "radix-selective": "RadixSelective",
-    "radix-write-back": "RadixWriteBack",
-}
 POLICY_NAME = {  # the table's name of each label's write policy
     "hashchain": "hashchain LRU",
     "hashchain-arc": "hashchain ARC",
