@@ -74,6 +74,18 @@ def read_table(stem: Path) -> pd.DataFrame:
     raise FileNotFoundError(f"no results table {stem}.parquet or {stem}.csv (run the study first)")
 
 
+def refuse_stale_grid(results: Path, study: str, full: str, counts: list[str], target: str) -> None:
+    """RuntimeError unless the committed full grid ``results/<full>/runs.csv`` holds every cell
+    of this run's ``results/<study>/summary`` with the same ``counts`` (a study whose figure
+    puts its default-scale cells beside the full grid's whole-trace ones)."""
+    runs = pd.read_csv(results / full / "runs.csv").set_index("cell")[counts]
+    mine = read_table(results / study / "summary").set_index("cell")[counts]
+    shared = mine.index.intersection(runs.index)
+    if len(shared) < len(mine) or not (mine.loc[shared] == runs.loc[shared]).all().all():
+        raise RuntimeError(f"{results / full} is stale: {len(mine) - len(shared)} of this run's {len(mine)} "
+                           f"cells are not in it or count otherwise; rerun make {target}")
+
+
 # ------------------------------------------------------------------------------ cells
 def cell_name(config: dict[str, Any]) -> str:
     """Readable slug of the fields that vary most, plus a hash of the whole config."""

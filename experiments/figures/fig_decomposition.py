@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from prefixcache.experiments.figures.common import MOONCAKE_TRACES, read_table
+from prefixcache.experiments.figures.common import MOONCAKE_TRACES, refuse_stale_grid
 from prefixcache.experiments.figures.plotting import figure_main, fmt, save, write_macros
 from prefixcache.experiments.figures.study_decomposition import CAUSES, FULL, RUN_COUNTS, STUDY
 
@@ -43,12 +43,7 @@ def load_causes(results: Path) -> pd.DataFrame:
     full = results / FULL / "causes.csv"
     if not full.exists():
         return causes
-    runs = pd.read_csv(results / FULL / "runs.csv").set_index("cell")[RUN_COUNTS]
-    mine = read_table(results / STUDY / "summary").set_index("cell")[RUN_COUNTS]
-    shared = mine.index.intersection(runs.index)
-    if len(shared) < len(mine) or not (mine.loc[shared] == runs.loc[shared]).all().all():
-        raise RuntimeError(f"{full} is stale: {len(mine) - len(shared)} of this run's {len(mine)} cells are "
-                           "not in it or hit otherwise; rerun make decomposition-full")
+    refuse_stale_grid(results, STUDY, FULL, RUN_COUNTS, "decomposition-full")
     traces = pd.read_csv(full)
     workloads = causes[~is_trace(causes["source"])]
     return pd.concat([workloads, traces[is_trace(traces["source"])]], ignore_index=True)
