@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 from prefixcache.experiments import runs
@@ -28,6 +28,8 @@ from prefixcache.experiments.run_store import (
     write_tables,
 )
 from prefixcache.experiments.sweep_file import read_sweep
+
+T = TypeVar("T")
 
 
 def run_sweep(grid: Path, out: Path, *, executor: str, jobs: int, address: str | None) -> Path:
@@ -82,12 +84,8 @@ def _simulations(
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any], pd.DataFrame, list[str]]]:
     """(config, summary, requests, warnings) per cell, in the order cells finish."""
     if executor == "ray":
-        with ray_session(address, num_cpus=jobs) as ray:
-            task = ray.remote(_simulate_cell)
-            pending = [task.remote(c) for c in todo]
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                yield ray.get(done[0])
+        for _, result in ray_as_completed(_simulate_cell, [(c,) for c in todo], jobs, address):
+            yield result
         return
     if address is not None:
         raise ValueError("--address names a Ray cluster: it needs --executor ray")
@@ -117,6 +115,22 @@ def ray_session(address: str | None, num_cpus: int) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+def ray_as_completed(
+    fn: Callable[..., T], argsets: Sequence[tuple[Any, ...]], jobs: int, address: str | None
+) -> Iterator[tuple[int, T]]:
+    """``fn(*args)`` for each of ``argsets`` as a Ray task (``ray_session``), yielding
+    (index into ``argsets``, result) as each finishes: the one Ray loop of the sweeps and
+    studies, so that a caller can save or print every result as it comes back."""
+    with ray_session(address, num_cpus=jobs) as ray:
+        task = ray.remote(fn)
+        refs = [task.remote(*args) for args in argsets]
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            yield index[done[0]], ray.get(done[0])
 
 
 def sweep_table(cells: list[dict[str, Any]], out: Path) -> pd.DataFrame:

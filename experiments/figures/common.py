@@ -420,20 +420,16 @@ def _ray_groups(batches: list[list[dict[str, Any]]], out_root: Path, force: bool
                 address: str | None) -> list[list[dict[str, Any]]]:
     """``_run_group`` of every batch as a Ray task; the rows in the batches' order, each
     finished cell's line printed as it comes back."""
-    from prefixcache.experiments.sweep import ray_session
+    from prefixcache.experiments.sweep import ray_as_completed
 
-    with ray_session(address, num_cpus=jobs) as ray:
-        task = ray.remote(_run_group)
-        refs = [task.remote(b, out_root.resolve(), force, share) for b in batches]
-        order = {ref: i for i, ref in enumerate(refs)}
-        results: list[list[dict[str, Any]]] = [[] for _ in refs]
-        pending, t0 = list(refs), time.perf_counter()
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            rows = results[order[done[0]]] = ray.get(done[0])
-            progress = f"{len(refs) - len(pending)}/{len(refs)}, {time.perf_counter() - t0:.0f} s"
-            for row in rows:
-                print(f"  {row['cell']}: {row['wall_s']:.0f} s ({progress})", flush=True)
+    results: list[list[dict[str, Any]]] = [[] for _ in batches]
+    argsets = [(b, out_root.resolve(), force, share) for b in batches]
+    t0 = time.perf_counter()
+    for finished, (i, rows) in enumerate(ray_as_completed(_run_group, argsets, jobs, address), 1):
+        results[i] = rows
+        progress = f"{finished}/{len(batches)}, {time.perf_counter() - t0:.0f} s"
+        for row in rows:
+            print(f"  {row['cell']}: {row['wall_s']:.0f} s ({progress})", flush=True)
     return results
 
 

@@ -31,6 +31,7 @@ from prefixcache.experiments.figures import (
     fig_eviction,
     fig_granularity,
     fig_hybrid,
+    fig_hybrid_causes,
     fig_kernel,
     fig_ops,
     fig_policies,
@@ -50,6 +51,7 @@ from prefixcache.experiments.figures import (
     study_eviction,
     study_granularity,
     study_hybrid,
+    study_hybrid_causes,
     study_routing,
     study_scheduling,
     study_side_channel,
@@ -65,11 +67,11 @@ from prefixcache.experiments.figures.common import SCALES
 
 STUDIES = [study_whole_traces, study_granularity, study_capacity, study_scheduling, study_eviction,
            study_ttft, study_side_channel, study_divergence, study_hybrid, study_routing, study_tiers,
-           study_engine_traces, study_decomposition]
+           study_engine_traces, study_decomposition, study_hybrid_causes]
 FIGURES = [fig_structures, fig_granularity, fig_capacity, fig_scheduling, fig_eviction, fig_policies,
            fig_ttft, fig_ops, fig_kernel, tab_published, tab_features, tab_whole_traces, tab_cost_model,
            fig_side_channel, fig_divergence, fig_hybrid, fig_routing, fig_routing_full, fig_tiers,
-           fig_tiers_full, fig_engine_traces, fig_decomposition]
+           fig_tiers_full, fig_engine_traces, fig_decomposition, fig_hybrid_causes]
 LATEX_INSTALL = "apt-get install -y texlive-latex-recommended texlive-fonts-recommended latexmk"
 
 

@@ -343,14 +343,11 @@ def _cells(
     study: str,
 ) -> Iterator[dict[str, Any]]:
     if executor == "ray":
-        from prefixcache.experiments.sweep import ray_session
+        from prefixcache.experiments.sweep import ray_as_completed
 
-        with ray_session(address, num_cpus=jobs) as ray:
-            task = ray.remote(run_cluster_cell)
-            pending = [task.remote(c, out.resolve(), force, study) for c in todo]
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                yield ray.get(done[0])
+        argsets = [(c, out.resolve(), force, study) for c in todo]
+        for _, row in ray_as_completed(run_cluster_cell, argsets, jobs, address):
+            yield row
         return
     from joblib import Parallel, delayed
 
