@@ -25,7 +25,14 @@ from prefixcache.experiments.figures.plotting import (
     write_macros,
     write_table_tex,
 )
-from prefixcache.experiments.figures.study_hybrid_causes import FULL, PANELS, RATIOS, RUN_COUNTS, STUDY
+from prefixcache.experiments.figures.study_hybrid_causes import (
+    CAPACITY,
+    FULL,
+    PANELS,
+    RATIOS,
+    RUN_COUNTS,
+    STUDY,
+)
 
 # Each panel's three causes in chain order: vLLM's default, the rest, SGLang's default.
 STEPS = ["vllm", "rest", "sglang"]
@@ -33,6 +40,9 @@ STEP_OF = {"sparse retention": "vllm", "block floor": "vllm", "rest (no switch)"
            "pool share": "sglang", "state pool": "sglang"}
 COLORS = {"sparse retention": "tab:blue", "block floor": "tab:green", "rest (no switch)": "0.6",
           "pool share": "tab:orange", "state pool": "tab:red"}
+CAUSE_NAME = {"sparse retention": "vLLM's sparse retention", "block floor": "vLLM's block floor",
+              "rest (no switch)": "the rest (what no switch names)", "pool share": "SGLang's pool share",
+              "state pool": "radix's state pool"}
 # Macro spelling (letters only) of each panel and step
 PANEL_WORD = {"gemma3-like": "Gemma", "gpt-oss-like": "Gptoss", "window-512": "WinFiveTwelve",
               "window-2048": "WinTwoK", "mamba-hybrid": "Mamba"}
@@ -40,6 +50,11 @@ STEP_WORD = {"vllm": "Vllm", "rest": "Rest", "sglang": "Sglang"}
 RATIO_WORD = {0.2: "PointTwo", 0.4: "PointFour", 0.6: "PointSix", 0.8: "PointEight", 1.0: "One"}
 RETENTION_WORD = {"hashchain": "RetZero", "hashchain-ret-1w": "RetOneW", "hashchain-ret-2w": "RetTwoW",
                   "hashchain-dense": "RetDense"}
+RETENTION_NAME = {"hashchain": "0", "hashchain-ret-1w": "one window", "hashchain-ret-2w": "two windows",
+                  "hashchain-dense": "dense"}
+# the runs of every panel's chain, by macro word
+RUN_WORD = {"hashchain": "Hash", "hashchain-dense": "HashDense", "radix": "Radix", "radix-r1.0": "RadixEqual",
+            "hashchain-s16": "HashSmall", "radix-s16": "RadixSmall"}
 
 
 def ratio_label(ratio: float) -> str:
@@ -81,9 +96,14 @@ def check_sums(causes: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def points(value: float) -> str:
+    """Points to one decimal, without a sign on a value that rounds to zero."""
+    text = fmt(float(value), 1)
+    return "0.0" if text == "-0.0" else text
+
+
 def interval(row: pd.Series, prefix: str) -> str:
-    return f"{fmt(float(row[f'{prefix}_pt']), 1)} [{fmt(float(row[f'{prefix}_lo']), 1)}, " \
-           f"{fmt(float(row[f'{prefix}_hi']), 1)}]"
+    return f"{points(row[f'{prefix}_pt'])} [{points(row[f'{prefix}_lo'])}, {points(row[f'{prefix}_hi'])}]"
 
 
 def make(results: Path, paper: Path) -> list[Path]:
@@ -130,22 +150,31 @@ def make(results: Path, paper: Path) -> list[Path]:
         "hybcSeeds": str(int(causes.loc[~is_trace(causes["source"]), "seeds"].max())),
         "hybcPanels": str(len(sums)),
         "hybcTraceRan": "yes" if len(trace_causes) else "no",
+        "hybcCapacityK": str(CAPACITY // 1024),
     }
     for source in MOONCAKE_TRACES:  # "--" where the full grid has not run
-        for panel in PANELS:
-            for word in ("Gap", "GapCi", *STEP_WORD.values()):
+        for panel, (_, _, variants, _) in PANELS.items():
+            words = ["Gap", "GapCi", *STEP_WORD.values()]
+            words += [f"{kind}{RUN_WORD[v[0]]}" for v in variants if v[0] in RUN_WORD
+                      for kind in ("Rate", "EvictM")]
+            for word in words:
                 values[f"hybc{SOURCE_WORD[source]}{PANEL_WORD[panel]}{word}"] = "--"
+    for r in rates[is_trace(rates["source"]) & rates["label"].isin(list(RUN_WORD))].itertuples():
+        key = f"hybc{SOURCE_WORD[r.source]}{PANEL_WORD[r.panel]}"
+        values[f"{key}Rate{RUN_WORD[r.label]}"] = fmt(r.hit_rate_pt, 1)
+        values[f"{key}EvictM{RUN_WORD[r.label]}"] = fmt(r.evicted_tokens / 1e6, 0)
     rows = []
     for (source, panel), cell in trace_causes.groupby(["source", "panel"], sort=False):
         first = cell.iloc[0]
         steps = {STEP_OF[c]: row for c, (_, row) in zip(cell["cause"], cell.iterrows(), strict=True)}
         key = f"hybc{SOURCE_WORD[source]}{PANEL_WORD[panel]}"
-        values[f"{key}Gap"] = fmt(float(first["measured_pt"]), 1)
+        values[f"{key}Gap"] = points(first["measured_pt"])
         values[f"{key}GapCi"] = interval(first, "measured").split(" ", 1)[1]
         for step in STEPS:
-            values[f"{key}{STEP_WORD[step]}"] = fmt(float(steps[step]["chain_pt"]), 1)
+            values[f"{key}{STEP_WORD[step]}"] = points(steps[step]["chain_pt"])
         rows.append([source.removeprefix("mooncake-"), panel, interval(first, "measured"),
                      *(interval(steps[s], "chain") for s in STEPS)])
+    values.update(summary_values(causes))
     if not rows:
         rows = [["\\multicolumn{6}{l}{not run here: \\texttt{make hybrid-causes-full} writes them}"]]
     out.append(write_table_tex(
@@ -162,6 +191,26 @@ def make(results: Path, paper: Path) -> list[Path]:
     return out
 
 
+def summary_values(causes: pd.DataFrame) -> dict[str, str]:
+    """What the text says across panels: the range of the unnamed rest on the whole traces'
+    window layouts, on how many window panels with a gap (workloads, whole traces) sparse
+    retention is the largest step, and the largest step of the Mamba layout on the traces."""
+    window = causes[causes["panel"].map(lambda p: PANELS[p][1] is not None)]
+    rest = window[is_trace(window["source"]) & (window["cause"] == "rest (no switch)")]["chain_pt"]
+    out = {"hybcRestMin": points(rest.min()) if len(rest) else "--",
+           "hybcRestMax": points(rest.max()) if len(rest) else "--"}
+    on_trace = is_trace(window["source"])
+    for word, part in (("Work", window[~on_trace]), ("Trace", window[on_trace])):
+        largest = part.loc[part["chain_pt"].abs().groupby([part["source"], part["panel"]]).idxmax()]
+        largest = largest[largest["chain_pt"] != 0]  # a panel without a gap has no largest step
+        out[f"hybc{word}WindowPanels"] = str(len(largest))
+        out[f"hybc{word}RetentionLargest"] = str(int((largest["cause"] == "sparse retention").sum()))
+    mamba = causes[is_trace(causes["source"]) & (causes["panel"] == "mamba-hybrid")]
+    names = set(mamba.loc[mamba["chain_pt"].abs().groupby(mamba["source"]).idxmax(), "cause"])
+    out["hybcTraceMambaLargest"] = CAUSE_NAME[names.pop()] if len(names) == 1 else "not the same step"
+    return out
+
+
 def ablation_table(rates: pd.DataFrame, paper: Path, values: dict[str, str]) -> Path:
     """Each setting alone on the whole traces: hashchain's retention and radix's pool share on
     the Gemma and gpt-oss layouts (hit %), one column per trace and layout."""
@@ -175,7 +224,9 @@ def ablation_table(rates: pd.DataFrame, paper: Path, values: dict[str, str]) -> 
     for source in MOONCAKE_TRACES:  # "--" where the full grid has not run
         for panel in ("gemma3-like", "gpt-oss-like"):
             key = f"hybc{SOURCE_WORD[source]}{PANEL_WORD[panel]}"
-            for word in [*(f"Share{w}" for w in RATIO_WORD.values()), *RETENTION_WORD.values()]:
+            words = [*(f"Share{w}" for w in RATIO_WORD.values()), *RETENTION_WORD.values(), "BestRet",
+                     "BestRetHit", "BestShare", "BestShareHit"]
+            for word in words:
                 values[f"{key}{word}"] = "--"
     rows = []
     for label, name in settings:
@@ -192,6 +243,11 @@ def ablation_table(rates: pd.DataFrame, paper: Path, values: dict[str, str]) -> 
             values[f"{key}Share{word}"] = fmt(float(part[ratio_label(r)]), 1)
         for label, word in RETENTION_WORD.items():
             values[f"{key}{word}"] = fmt(float(part[label]), 1)
+        best = max(RETENTION_WORD, key=lambda label: float(part[label]))
+        values[f"{key}BestRet"], values[f"{key}BestRetHit"] = RETENTION_NAME[best], fmt(float(part[best]), 1)
+        share = max(RATIO_WORD, key=lambda r: float(part[ratio_label(r)]))
+        values[f"{key}BestShare"] = fmt(share, 1)
+        values[f"{key}BestShareHit"] = fmt(float(part[ratio_label(share)]), 1)
     if not columns:
         rows = [["\\multicolumn{2}{l}{not run here: \\texttt{make hybrid-causes-full} writes them}"]]
     header = ["design", "setting", *(f"{s.removeprefix('mooncake-')[:4]}. {p.replace('-like', '')}"
@@ -200,7 +256,9 @@ def ablation_table(rates: pd.DataFrame, paper: Path, values: dict[str, str]) -> 
         paper, "hybrid_ablation", header, rows, "ll" + "r" * max(len(columns), 0),
         "One setting at a time on the whole Mooncake traces (token hit rate, \\%; 3M tokens of KV per "
         "layer): hashchain's retention interval and radix's SWA pool share "
-        "(\\texttt{swa\\_full\\_tokens\\_ratio}), each design otherwise at its upstream defaults.",
+        "(\\texttt{swa\\_full\\_tokens\\_ratio}), each design otherwise at its upstream defaults. "
+        "Retention every window keeps a window-long tail every window, so it hashes every block, as "
+        "dense retention does.",
         "tab:hybrid-ablation")
 
 
