@@ -53,6 +53,7 @@ from prefixcache.experiments.figures.study_decomposition import BOOTSTRAP, Effec
 from prefixcache.experiments.figures.study_engine_traces import conversations_by_id
 from prefixcache.experiments.figures.study_hybrid import floor_layout
 from prefixcache.experiments.figures.study_whole_traces import machine
+from prefixcache.experiments.inputs.workloads import available_workloads
 
 STUDY = "hybrid_causes"
 FULL = "hybrid_causes_full"  # the committed result of --scale full (its whole traces)
@@ -106,9 +107,8 @@ PANELS: dict[str, tuple[Any, int | None, list[Variant], dict[str, Combo]]] = {
 }
 SCALE: dict[str, dict[str, Any]] = {
     "tiny": dict(workloads=["multi-turn-chat"], seeds=1, traces=[]),
-    "default": dict(workloads=["multi-turn-chat", "react-agent", "shared-doc-qa"], seeds=3, traces=[]),
-    "full": dict(workloads=["multi-turn-chat", "react-agent", "shared-doc-qa"], seeds=3,
-                 traces=list(MOONCAKE_TRACES)),
+    "default": dict(workloads=available_workloads(), seeds=3, traces=[]),
+    "full": dict(workloads=available_workloads(), seeds=3, traces=list(MOONCAKE_TRACES)),
 }
 # runs.csv: each run of the full grid by name with its integer counts, which a later
 # default-scale run is checked against exactly (as study_decomposition's)
