@@ -111,9 +111,13 @@ def make(results: Path, paper: Path) -> list[Path]:
     sums = check_sums(causes)
     sources = list(dict.fromkeys(causes["source"]))
     panels = [p for p in PANELS if p in set(causes["panel"])]
-    fig, axes = plt.subplots(1, len(sources), figsize=(1.9 * len(sources), 2.9), squeeze=False, sharey=False)
+    ncols = min(len(sources), 5)
+    nrows = -(-len(sources) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(1.45 * ncols, 2.1 * nrows + 0.4), squeeze=False)
+    for ax in axes.flat[len(sources):]:
+        ax.set_visible(False)
     x = np.arange(len(panels))
-    for ax, source in zip(axes[0], sources, strict=True):
+    for ax, source in zip(axes.flat[: len(sources)], sources, strict=True):
         part = causes[causes["source"] == source]
         up, down = np.zeros(len(panels)), np.zeros(len(panels))
         for cause, color in COLORS.items():
@@ -129,19 +133,21 @@ def make(results: Path, paper: Path) -> list[Path]:
         ax.errorbar(x + 0.36, s["measured_pt"], yerr=err, fmt="o", color="black", ms=3, lw=1, capsize=2,
                     label="measured gap (95% CI)")
         ax.axhline(0, color="black", lw=0.6)
+        ax.margins(y=0.08)  # stacked bars end at the limits otherwise
         ax.set_xticks(x, [PANEL_WORD[p].replace("Win", "w").replace("FiveTwelve", "512")
                           .replace("TwoK", "2048").lower() for p in panels], fontsize=6, rotation=45)
-        ax.set_title(source if source not in MOONCAKE_TRACES else f"{source} (whole)", fontsize=7)
-    axes[0][0].set_ylabel("radix minus hashchain\n(points of token hit rate)")
+        ax.set_title(source if source not in MOONCAKE_TRACES else f"{source} (whole)", fontsize=6)
+    for row in axes:
+        row[0].set_ylabel("radix minus hashchain\n(points of hit rate)", fontsize=7)
     handles, labels = {}, []
-    for ax in axes[0]:
+    for ax in axes.flat[: len(sources)]:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             if label not in handles:
                 handles[label] = h
                 labels.append(label)
     fig.legend([handles[label] for label in labels], labels, loc="lower center", ncol=3, fontsize=6,
                frameon=False)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.tight_layout(rect=(0, 0.1 / nrows, 1, 1))
     out = [save(fig, STUDY, paper)]
 
     trace_causes = causes[is_trace(causes["source"])]
