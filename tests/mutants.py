@@ -182,6 +182,7 @@ MUTANT_MODULES = [
     "tests.mutants_batch",
     "tests.mutants_roofline",
     "tests.mutants_decomposition",
+    "tests.mutants_hybrid_causes",
     "tests.mutants_fidelity_vllm",
     "tests.mutants_fidelity_sglang",
 ]
