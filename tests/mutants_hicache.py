@@ -115,4 +115,19 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        node.host_lock_ref += 1\n        self.backups.append(node)",
         "        self.backups.append(node)",
     ),
+    "host index: an entry stamped since it was filed keeps its old place": (
+        "backends/radix/hicache_tree.py",
+        "            elif node.last_access_time != key:",
+        "            elif False:",
+    ),
+    "host index: the upper half of a split host-only node never filed": (
+        "backends/radix/hicache_tree.py",
+        "            if new.value is None:\n                self.index_host_only(new)\n",
+        "",
+    ),
+    "host index: a host-only leaf fetched from storage never filed": (
+        "backends/radix/hicache_storage.py",
+        "        tree.index_host_only(leaf)\n",
+        "",
+    ),
 }

@@ -9,6 +9,8 @@ import itertools
 import warnings
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prefixcache.backends.radix import RadixPrefixCache
 from prefixcache.backends.radix.hicache_backend import HiCacheRadixPrefixCache
 from prefixcache.backends.radix.tree import TreeNode
@@ -356,3 +358,33 @@ def test_engine_runs_the_radix_host_tier_with_loads_in_the_same_forward(policy: 
     assert cache.stats.host_hits > 0 and cache.stats.loaded_tokens == cache.stats.host_hits
     assert cache.host_tier.metrics()["cached_tokens_host"] == cache.stats.loaded_tokens
     assert cache.host_tier.usage().in_use == 0 and cache.host_tier.load_overlapped is True
+
+
+# ---------------------------------------------------------------------------- host index
+def _tree_state(cache: Checked) -> list[tuple[tuple[int, ...], str, tuple[int, ...] | None]]:
+    return [(tuple(n.key.token_ids), state(n), None if n.host_value is None else tuple(n.host_value.tolist()))
+            for n in nodes(cache)]  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    write_policy=st.sampled_from(["write_through", "write_back", "write_through_selective"]),
+    stream=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 60), st.integers(1, 4)),
+                    min_size=4, max_size=40),
+)
+def test_the_host_index_pops_what_the_tree_scan_pops(
+    write_policy: str, stream: list[tuple[int, int, int]]
+) -> None:
+    """Under LRU, host eviction takes its victims from the host index (``_pop_host_leaf``);
+    the same stream through a cache that lists the tree on every call instead (0.5.23's scan)
+    ends every request with the same hits and the same tree, host slots included. Prompts
+    share six prefixes and grow in turns, so the host fills and evicts."""
+    caches = [hicache(300, capacity_tokens=200, write_policy=write_policy) for _ in range(2)]
+    caches[1].cache.tree._host_index = None  # the scan
+    for i, (prefix, length, turns) in enumerate(stream):
+        prompt = tokens(40, 100 + prefix) + tokens(length, 1000 + i)
+        for turn in range(turns):
+            hits = [serve(c, Request(f"r{i}-{turn}", prompt + tokens(5 * turn, 7))) for c in caches]
+            assert hits[0] == hits[1]
+            assert _tree_state(caches[0]) == _tree_state(caches[1])
+    assert caches[0].stats.host_evicted_tokens == caches[1].stats.host_evicted_tokens

@@ -347,6 +347,7 @@ class HiCacheStorage:
         node.children[leaf.key.child_key(self.page_size)] = leaf
         tree.version += 1
         tree._update_leaf_status(node)
+        tree.index_host_only(leaf)
         if tree.events is not None:  # insert_host: a new host-only node
             tree.events.record_store(leaf, MEDIUM_HOST)
         return True

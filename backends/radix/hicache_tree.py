@@ -28,6 +28,7 @@ decreasing times. The recorded fixtures agree on every eviction order they exerc
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -37,8 +38,9 @@ from prefixcache.backends.radix.hicache_pool import HostPool
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, MatchResult, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
+from sortedcontainers import SortedList
 
-from prefixcache.eviction import note_eviction
+from prefixcache.eviction import LRU, note_eviction
 
 
 class HiMatch(NamedTuple):
@@ -86,6 +88,11 @@ class HiRadixCache(RadixCache):
         self.ongoing_writes = {}
         self.ongoing_loads = []
         self.full_host_duplicates = {}
+        # Under LRU (whose keys never fall) the host-only nodes are kept by (key, id), each
+        # entry checked when it reaches the front (``_pop_host_leaf``), so evict_host need not
+        # list the tree on every call as 0.5.23 does; other policies scan (``_scan_host_leaves``).
+        self._host_index: SortedList | None = SortedList() if isinstance(self.policy, LRU) else None
+        self._host_keys: dict[int, float] = {}  # node id -> its key in _host_index
 
     # ------------------------------------------------------------------ match
     def match_prefix(self, key: RadixKey) -> MatchResult:
@@ -202,6 +209,8 @@ class HiRadixCache(RadixCache):
         if child.host_value is not None:
             new.host_value = child.host_value[:split_len].copy()
             child.host_value = child.host_value[split_len:].copy()
+            if new.value is None:
+                self.index_host_only(new)
         new.write_ack = child.write_ack
         if child.write_ack is not None:  # both fragments are acked together, the upper first
             fragments = self.ongoing_writes[child.write_ack][1]
@@ -321,6 +330,7 @@ class HiRadixCache(RadixCache):
         self.evictable_size_ -= len(node.value)
         node.value = None
         self.version += 1  # its duplicate entry goes stale, not away (0.5.23 sweeps lazily)
+        self.index_host_only(node)
         self._update_leaf_status(node)
         assert node.parent is not None
         self._update_leaf_status(node.parent)
@@ -364,12 +374,11 @@ class HiRadixCache(RadixCache):
         freed = 0
         if self.is_write_back:
             freed = self._reclaim_full_host_duplicates(num_tokens)
-        order = [(self.policy.priority(n), n.id, n) for n in self._host_nodes() if self._is_host_leaf(n)]
-        heapq.heapify(order)
-        while freed < num_tokens and order:
-            _, _, node = heapq.heappop(order)
-            if not self._is_host_leaf(node):
-                continue
+        order = self._scan_host_leaves() if self._host_index is None else None
+        while freed < num_tokens:
+            node = self._pop_host_leaf() if order is None else self._pop_scanned(order)
+            if node is None:
+                break
             assert node.host_value is not None and node.parent is not None
             if self.events is not None:
                 self.events.record_remove(node, MEDIUM_HOST)
@@ -380,9 +389,59 @@ class HiRadixCache(RadixCache):
             parent.children.pop(node.key.child_key(self.page_size))
             self.version += 1
             self._update_leaf_status(parent)
-            if self._is_host_leaf(parent):
+            if order is not None and self._is_host_leaf(parent):
                 heapq.heappush(order, (self.policy.priority(parent), parent.id, parent))
         return freed
+
+    def _scan_host_leaves(self) -> list[tuple[object, int, TreeNode]]:
+        """Every host leaf as a heap by (policy priority, id): 0.5.23's listing of the tree."""
+        order = [(self.policy.priority(n), n.id, n) for n in self._host_nodes() if self._is_host_leaf(n)]
+        heapq.heapify(order)
+        return order
+
+    def _pop_scanned(self, order: list[tuple[object, int, TreeNode]]) -> TreeNode | None:
+        while order:
+            _, _, node = heapq.heappop(order)
+            if self._is_host_leaf(node):
+                return node
+        return None
+
+    def index_host_only(self, node: TreeNode) -> None:
+        """``node`` just became host-only (demoted, split off a host-only node, or fetched
+        from storage): file it in the host index (one entry a node)."""
+        index = self._host_index
+        if index is None:
+            return
+        old = self._host_keys.pop(node.id, None)
+        if old is not None:
+            index.remove((old, node.id, node))
+        key = node.last_access_time
+        self._host_keys[node.id] = key
+        index.add((key, node.id, node))
+
+    def _pop_host_leaf(self) -> TreeNode | None:
+        """The host leaf the scan would pop first (lowest LRU key, then id), taken out of the
+        index. From the front: an entry no longer host-only is dropped, one stamped since moves
+        to its key now (keys only grow, so it moves back), one with children or a host lock stays."""
+        index = self._host_index
+        assert index is not None
+        i = 0
+        while i < len(index):
+            key, nid, node = index[i]
+            if not (node.evicted and node.backuped):  # revived or its copy freed: gone
+                del index[i]
+                del self._host_keys[nid]
+            elif node.last_access_time != key:
+                del index[i]
+                self._host_keys[nid] = node.last_access_time
+                index.add((node.last_access_time, nid, node))
+            elif self._is_host_leaf(node):
+                del index[i]
+                del self._host_keys[nid]
+                return node
+            else:
+                i += 1
+        return None
 
     def _reclaim_full_host_duplicates(self, num_tokens: int) -> int:
         """write_back: drop host copies of device-resident nodes first, sparing device
@@ -493,6 +552,10 @@ class HiRadixCache(RadixCache):
             else:
                 assert node.lock_ref == 0, f"{node}: host-only and locked"
                 assert node.write_ack is None, f"{node}: host-only with a write in flight"
+                filed = self._host_keys.get(node.id, math.inf)
+                assert self._host_index is None or filed <= node.last_access_time, (
+                    f"{node}: host-only, filed in the host index under {filed}"
+                )
             if node.write_ack is not None:
                 assert node.write_ack in self.ongoing_writes, f"{node}: unknown ack {node.write_ack}"
                 assert node.lock_ref > 0, f"{node}: write in flight without its lock"
@@ -503,4 +566,5 @@ class HiRadixCache(RadixCache):
             f"kept {self.evictable_size_}/{self.protected_size_}"
         )
         assert set(self._leaf_entry) == expected, "device-leaf index != evictable device nodes"
+        assert self._host_index is None or len(self._host_index) == len(self._host_keys)
         assert self.root_node.lock_ref == 1
