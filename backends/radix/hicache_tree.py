@@ -153,17 +153,7 @@ class HiRadixCache(RadixCache):
             self._refresh(child)
             node = child
         if pos < len(key):
-            leaf = TreeNode(now, priority=priority)
-            leaf.parent = node
-            leaf.key = key[pos:].copy()
-            leaf.value = value[pos:].copy()
-            node.children[leaf.key.child_key(self.page_size)] = leaf
-            self.version += 1
-            self.evictable_size_ += len(leaf.value)
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
-            if self.events is not None:
-                self.events.record_store(leaf)
+            leaf = self._add_leaf(node, key[pos:], value[pos:], now, priority)
             if len(key) > hit_from and self._inc_hit_count_and_check(leaf):
                 self.write_backup(leaf)
         return pos

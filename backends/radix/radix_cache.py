@@ -236,22 +236,34 @@ class RadixCache:
         if pos < end:
             if pos < value_from:
                 raise ValueError(f"insert: tokens [{pos}, {value_from}) are not cached and have no slots")
-            leaf = TreeNode(now, priority=priority)
-            leaf.parent = node
-            # an own copy: a view would keep the caller's whole token array alive
-            leaf.key = key[pos:].copy()
-            leaf.value = value[pos - value_from :].copy()
-            leaf.hit_count = 1 if len(key) > hit_from else 0
-            admit(self.policy, leaf, self._content_id(leaf))
-            node.children[leaf.key.child_key(self.page_size)] = leaf
-            self.version += 1
-            self.evictable_size_ += len(leaf.value)
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
-            if self.events is not None:
-                self.events.record_store(leaf)
-            node = leaf
+            def admitted(leaf: TreeNode) -> None:
+                leaf.hit_count = 1 if len(key) > hit_from else 0
+                admit(self.policy, leaf, self._content_id(leaf))
+
+            node = self._add_leaf(node, key[pos:], value[pos - value_from :], now, priority, admitted)
         return pos, node
+
+    def _add_leaf(
+        self, parent: TreeNode, key: RadixKey, value: SlotArray, now: float, priority: int,
+        prepare: Callable[[TreeNode], None] | None = None,
+    ) -> TreeNode:
+        """A new leaf under ``parent`` holding ``key`` and its slots ``value`` (own copies: a
+        view would keep the caller's whole arrays alive), filed, counted, indexed and reported.
+        ``prepare`` runs before it is indexed (what the policy's key reads: hit count, ghost)."""
+        leaf = TreeNode(now, priority=priority)
+        leaf.parent = parent
+        leaf.key = key.copy()
+        leaf.value = value.copy()
+        if prepare is not None:
+            prepare(leaf)
+        parent.children[leaf.key.child_key(self.page_size)] = leaf
+        self.version += 1
+        self.evictable_size_ += len(leaf.value)
+        self._update_leaf_status(parent)
+        self._update_leaf_status(leaf)
+        if self.events is not None:
+            self.events.record_store(leaf)
+        return leaf
 
     def _path_from_root(self, node: TreeNode) -> list[TreeNode]:
         """The nodes from the root's child down to ``node`` (the root excluded), by parent
