@@ -327,11 +327,7 @@ class HiCacheStorage:
         now = tree.clock()
         node = tree.root_node
         pos = 0
-        while pos < len(key):
-            step = tree._descend(node, key, pos, now)
-            if step is None:
-                break
-            child, n, _ = step
+        for child, n, _ in tree._walk(node, key, pos, len(key), now):
             node, pos = child, pos + n
         if pos < matched or pos == len(key):  # the prefix is gone, or every page is there
             if len(host):

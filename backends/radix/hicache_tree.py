@@ -110,11 +110,7 @@ class HiRadixCache(RadixCache):
         values: list[SlotArray] = []
         device_len = host_len = pos = 0
         last_device = node
-        while pos < len(key):
-            step = self._descend(node, key, pos, now)
-            if step is None:
-                break
-            child, n, diverged = step
+        for child, n, diverged in self._walk(node, key, pos, len(key), now):
             if child.evicted:
                 assert child.host_value is not None, f"{child} is evicted and not backed up"
                 host_len += n
@@ -139,11 +135,7 @@ class HiRadixCache(RadixCache):
         key, value, now = self._begin_insert(key, value, priority)  # is_eagle is refused here
         node = self.root_node
         pos = 0
-        while pos < len(key):
-            step = self._descend(node, key, pos, now)
-            if step is None:
-                break
-            child, n, _ = step
+        for child, n, _ in self._walk(node, key, pos, len(key), now):
             child.priority = max(child.priority, priority)
             if child.evicted:
                 self._unevict(child, value[pos : pos + n])

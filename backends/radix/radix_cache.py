@@ -9,7 +9,7 @@ SGLang frees leaf by leaf). Sizes are in tokens:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -145,11 +145,7 @@ class RadixCache:
                     values.append(_part(value, pos, indices_from, stop))
             assert pos <= end, "along: the node's path is longer than the key"
             node = along
-        while pos < end:
-            step = self._descend(node, key, pos, now)
-            if step is None:
-                break
-            child, n, diverged = step
+        for child, n, diverged in self._walk(node, key, pos, end, now):
             assert child.value is not None
             node, pos = child, pos + n
             if pos > indices_from and pos - n < stop:
@@ -221,11 +217,7 @@ class RadixCache:
                 self._refresh(child)
             assert pos <= end, "along: the node's path is longer than the key"
             node = along
-        while pos < end:
-            step = self._descend(node, key, pos, now)
-            if step is None:
-                break
-            child, n, _ = step
+        for child, n, _ in self._walk(node, key, pos, end, now):
             child.priority = max(child.priority, priority)
             pos += n
             if pos > hit_from:
@@ -275,6 +267,18 @@ class RadixCache:
             node = node.parent
         path.reverse()
         return path
+
+    def _walk(
+        self, node: TreeNode, key: RadixKey, pos: int, end: int, now: float
+    ) -> Iterator[tuple[TreeNode, int, bool]]:
+        """``_descend`` edge after edge from ``node`` at ``key[pos]`` while tokens before ``end``
+        remain, as long as a child matches: each (child, tokens matched, split)."""
+        while pos < end:
+            step = self._descend(node, key, pos, now)
+            if step is None:
+                return
+            yield step
+            node, pos = step[0], pos + step[1]
 
     def _descend(
         self, node: TreeNode, key: RadixKey, pos: int, now: float
