@@ -61,3 +61,21 @@ def keyed(block_hashes: list[BlockHash], group_id: int) -> list[Any]:
 # The request a test's direct ``BlockPool.cache_full_blocks`` call names: only KV events read
 # it, and those tests' pools record none.
 DIRECT_REQUEST = Request("direct", [0])
+
+
+def check_stale_grid_refused(
+    make: Any, results: Any, paper: Any, full: Any, tables: dict[str, Any], counts: Any, column: str
+) -> None:
+    """A figure that puts this run's default-scale cells beside a committed full grid: with
+    ``tables`` (stem -> frame) and ``counts`` (runs.csv) written to ``full`` it accepts them;
+    with one cell's ``column`` off by one it refuses the grid as stale."""
+    import pytest
+
+    full.mkdir()
+    for stem, table in tables.items():
+        table.to_csv(full / f"{stem}.csv", index=False)
+    counts.to_csv(full / "runs.csv", index=False)
+    make(results, paper)  # the same counts: accepted
+    counts.assign(**{column: counts[column] + 1}).to_csv(full / "runs.csv", index=False)
+    with pytest.raises(RuntimeError, match="stale"):
+        make(results, paper)

@@ -46,8 +46,10 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: match stops at the last whole node (drops the part of a split edge)": (
         "backends/radix/radix_cache.py",
-        "            child, n, diverged = step\n            assert child.value is not None",
-        "            child, n, diverged = step\n            if diverged:\n                break\n"
+        "        for child, n, diverged in self._walk(node, key, pos, end, now):\n"
+        "            assert child.value is not None",
+        "        for child, n, diverged in self._walk(node, key, pos, end, now):\n"
+        "            if diverged:\n                break\n"
         "            assert child.value is not None",
     ),
     "radix: duplicates computed after re-pointing (frees slots still in use)": (

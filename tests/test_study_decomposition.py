@@ -11,6 +11,8 @@ from prefixcache.experiments.figures import fig_decomposition
 from prefixcache.experiments.figures import study_decomposition as sd
 from prefixcache.experiments.figures.common import read_table
 
+from tests.helpers import check_stale_grid_refused
+
 
 def test_the_chain_adds_up_and_a_stale_full_grid_is_refused(tmp_path: Path) -> None:
     results, paper = tmp_path / "results", tmp_path / "paper"
@@ -29,12 +31,6 @@ def test_the_chain_adds_up_and_a_stale_full_grid_is_refused(tmp_path: Path) -> N
     tex = (paper / "generated" / "decomposition.tex").read_text()
     assert "\\newcommand{\\decInside}{1}" in tex and "\\newcommand{\\decCells}{1}" in tex
 
-    full = results / sd.FULL  # a committed grid holding exactly this run's cells
-    full.mkdir()
-    causes.to_csv(full / "causes.csv", index=False)
-    counts = cells[sd.RUN_KEYS + sd.RUN_COUNTS]
-    counts.to_csv(full / "runs.csv", index=False)
-    fig_decomposition.make(results, paper)  # the same hits: accepted
-    counts.assign(hits=counts["hits"] + 1).to_csv(full / "runs.csv", index=False)
-    with pytest.raises(RuntimeError, match="stale"):
-        fig_decomposition.make(results, paper)
+    # a committed grid holding exactly this run's cells
+    check_stale_grid_refused(fig_decomposition.make, results, paper, results / sd.FULL, {"causes": causes},
+                             cells[sd.RUN_KEYS + sd.RUN_COUNTS], "hits")

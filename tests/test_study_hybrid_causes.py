@@ -12,6 +12,8 @@ from prefixcache.experiments.figures import fig_hybrid_causes
 from prefixcache.experiments.figures import study_hybrid_causes as sh
 from prefixcache.experiments.figures.common import read_table
 
+from tests.helpers import check_stale_grid_refused
+
 
 @pytest.mark.parametrize("panel", list(sh.PANELS))
 def test_each_chain_telescopes_to_the_measured_gap(panel: str) -> None:
@@ -50,16 +52,10 @@ def test_tiny_run_sums_rates_and_refuses_a_stale_full_grid(tmp_path: Path) -> No
     values = (paper / "generated" / "hybrid_causes_values.tex").read_text()
     assert "\\newcommand{\\hybcTraceRan}{no}" in values
     assert "\\newcommand{\\hybcConvGemmaGap}{--}" in values  # no full grid here
-    full = results / sh.FULL  # a committed grid holding exactly this run's cells
-    full.mkdir()
-    causes.to_csv(full / "causes.csv", index=False)
-    rates.to_csv(full / "rates.csv", index=False)
-    counts = cells[sh.RUN_KEYS + sh.RUN_COUNTS]
-    counts.to_csv(full / "runs.csv", index=False)
-    fig_hybrid_causes.make(results, paper)  # the same counts: accepted
-    counts.assign(hit_tokens=counts["hit_tokens"] + 1).to_csv(full / "runs.csv", index=False)
-    with pytest.raises(RuntimeError, match="stale"):
-        fig_hybrid_causes.make(results, paper)
+    # a committed grid holding exactly this run's cells
+    check_stale_grid_refused(fig_hybrid_causes.make, results, paper, results / sh.FULL,
+                             {"causes": causes, "rates": rates}, cells[sh.RUN_KEYS + sh.RUN_COUNTS],
+                             "hit_tokens")
 
 
 def test_a_wrong_chain_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
