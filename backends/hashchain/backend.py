@@ -212,38 +212,21 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
     name = "hashchain"
 
     def __init__(
-        self,
-        config: CacheConfig,
-        *,
-        hash_fn: str = "sha256",
-        free_order: str = "reverse",
-        unhashed_first: bool = True,
-        attention_groups: Sequence[object] | None = None,
+        self, config: CacheConfig, *, hash_fn: str = "sha256", free_order: str = "reverse",
+        unhashed_first: bool = True, attention_groups: Sequence[object] | None = None,
         eviction_policy: str = "lru",
         prefix_cache_retention_interval: int | None = ENGINE_DEFAULT_RETENTION_INTERVAL,
-        prefix_match_unit: int | None = None,
-        free_skipped_on_failure: bool = False,
-        use_eagle: bool = False,
-        kv_events: bool = False,
-        host_tier: HostTierConfig | None = None,
-        host_ack_delay: int = 0,
-        known_prompt_hashes: KnownPromptHashes | None = None,
-        publish: str = "allocation",
-        dedupe: bool = False,
-    ) -> None:
+        prefix_match_unit: int | None = None, free_skipped_on_failure: bool = False,
+        use_eagle: bool = False, kv_events: bool = False, host_tier: HostTierConfig | None = None,
+        host_ack_delay: int = 0, known_prompt_hashes: KnownPromptHashes | None = None,
+        publish: str = "allocation", dedupe: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(config)
         _check_switches(config, attention_groups, host_tier=host_tier, host_ack_delay=host_ack_delay,
                         kv_events=kv_events, use_eagle=use_eagle, publish=publish, dedupe=dedupe,
                         unhashed_first=unhashed_first)  # fmt: skip
         self.hash_fn_name = hash_fn
-        groups = KVCacheGroups.of(config, attention_groups)
-        self.attention_groups = groups.specs
-        self.num_padding_layers = groups.num_padding_layers
-        self._layers_per_block = groups.layers_per_block  # one block id = a page in each group layer
-        self.page_size = groups.block_size
-        self.scheduler_block_size, self.hash_block_size = groups.hash_block_sizes(
-            prefix_match_unit, use_eagle
-        )
+        groups = self._take_groups(KVCacheGroups.of(config, attention_groups), prefix_match_unit, use_eagle)
         self.prefix_cache_retention_interval = prefix_cache_retention_interval
         self.manager = (KVCacheManager if host_tier is None else DelayedCachingKVCacheManager)(
             groups.num_blocks, groups.block_size, get_hash_fn(hash_fn), groups.specs, free_order=free_order,
@@ -256,21 +239,36 @@ class HashChainCache(PrefixCache[KVCacheBlocks]):
         # publish="commit": each live request's length at admission (later commits: decode steps)
         self._prefill_end: dict[str, int] | None = None if publish == "allocation" else {}
         self.use_eagle = use_eagle
-        self.primary_group = groups.primary_group  # page_table's group
-        self._kv_groups = groups.kv_groups()
         self.block_pool = self.manager.block_pool
         if "mamba" in groups.kinds:  # prefill chunks end on block boundaries
             self.prefill_chunking = MambaAlignedChunking(self.page_size, self.manager)
         self._evicted_seen = 0  # block_pool.num_evicted_blocks already in stats.evicted_tokens
-        # The host tier (vLLM 0.33's OffloadingConnector, offload/); None: exactly as without.
-        self.offload = None if host_tier is None else OffloadingTier(
-            host_tier, self.manager, capacity_tokens=config.capacity_tokens, page_size=self.page_size,
-            hash_block_size=self.hash_block_size, stats=lambda: self.stats, is_live=self.is_live,
-            reserved_tokens=self.reserved_tokens, ack_delay=host_ack_delay,
-        )  # fmt: skip
+        self.offload = None if host_tier is None else self._offloading_tier(host_tier, host_ack_delay)
         # _extend_in_place: only one group without a tier has steps allocate_slots skips at once
         unitary = isinstance(self.manager.coordinator, UnitaryKVCacheCoordinator)
         self._steps_in_place = self.offload is None and unitary
+
+    def _take_groups(
+        self, groups: KVCacheGroups, prefix_match_unit: int | None, use_eagle: bool
+    ) -> KVCacheGroups:
+        """The layout vLLM's planner gives the model: its groups, block and hash sizes."""
+        self.attention_groups = groups.specs
+        self.num_padding_layers = groups.num_padding_layers
+        self._layers_per_block = groups.layers_per_block  # one block id = a page in each group layer
+        self.page_size = groups.block_size
+        sizes = groups.hash_block_sizes(prefix_match_unit, use_eagle)
+        self.scheduler_block_size, self.hash_block_size = sizes
+        self.primary_group = groups.primary_group  # page_table's group
+        self._kv_groups = groups.kv_groups()
+        return groups
+
+    def _offloading_tier(self, host_tier: HostTierConfig, ack_delay: int) -> OffloadingTier:
+        """The host tier: vLLM 0.33's OffloadingConnector over this cache's manager (offload/)."""
+        return OffloadingTier(
+            host_tier, self.manager, capacity_tokens=self.config.capacity_tokens, page_size=self.page_size,
+            hash_block_size=self.hash_block_size, stats=lambda: self.stats, is_live=self.is_live,
+            reserved_tokens=self.reserved_tokens, ack_delay=ack_delay,
+        )  # fmt: skip
 
     # ---------------------------------------------------------------- hooks
     def _match(self, req: Request) -> BlockMatch:
