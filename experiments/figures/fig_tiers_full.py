@@ -92,6 +92,9 @@ def values(table: pd.DataFrame, meta: dict, runtime: pd.DataFrame) -> dict[str, 
         "tierFullCellWallMin": fmt(meta["cell_wall_s"] / 60, 0),
         "tierFullTraces": ", ".join(t.removeprefix("mooncake-") for t in meta["traces"]),
         "tierFullGpusM": ", ".join(size(g) for g in meta["gpus"]),
+        # the 3M-device half on both traces (the text's second device size)
+        "tierFullThreeMRan": "yes" if {3_000_000} <= set(tiers["device_tokens"]) and
+        tiers[tiers["device_tokens"] == 3_000_000]["trace"].nunique() == 2 else "no",
     }
     grid = SCALE["full"]
     # the cells not run, as "the cells <rest> have not run" reads them
