@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from prefixcache.experiments.figures.common import MOONCAKE_TRACES, refuse_stale_grid
+from prefixcache.experiments.figures.fig_decomposition import is_trace
 from prefixcache.experiments.figures.plotting import (
     SOURCE_WORD,
     figure_main,
@@ -60,10 +61,6 @@ RUN_WORD = {"hashchain": "Hash", "hashchain-dense": "HashDense", "radix": "Radix
 def ratio_label(ratio: float) -> str:
     """The variant of radix at SWA pool share ``ratio`` (0.8, SGLang's default, is "radix")."""
     return "radix" if ratio == 0.8 else f"radix-r{ratio}"
-
-
-def is_trace(source: pd.Series) -> pd.Series:
-    return source.isin(list(MOONCAKE_TRACES))
 
 
 def load_tables(results: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -134,8 +131,8 @@ def make(results: Path, paper: Path) -> list[Path]:
                     label="measured gap (95% CI)")
         ax.axhline(0, color="black", lw=0.6)
         ax.margins(y=0.08)  # stacked bars end at the limits otherwise
-        ax.set_xticks(x, [PANEL_WORD[p].replace("Win", "w").replace("FiveTwelve", "512")
-                          .replace("TwoK", "2048").lower() for p in panels], fontsize=6, rotation=45)
+        ax.set_xticks(x, [p.removesuffix("-like").removesuffix("-hybrid").replace("window-", "w")
+                          for p in panels], fontsize=6, rotation=45)
         ax.set_title(source if source not in MOONCAKE_TRACES else f"{source} (whole)", fontsize=6)
     for row in axes:
         row[0].set_ylabel("radix minus hashchain\n(points of hit rate)", fontsize=7)

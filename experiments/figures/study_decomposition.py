@@ -30,6 +30,7 @@ resampled alike. Writes ``results/decomposition/summary`` (one row per run) and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -163,22 +164,21 @@ def prompt_groups(prompts: list[np.ndarray]) -> np.ndarray:
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def cell_arrays(cell: pd.DataFrame, labels: list[str], out: Path) -> Arrays:
-    """(hits: variants x groups, prompt tokens per group, resampled group weights) of one
-    (workload, capacity) cell, every seed's requests in their own groups."""
+def cell_arrays(cell: pd.DataFrame, labels: list[str], out: Path, study: str = STUDY) -> Arrays:
+    """(hits: variants x groups, prompt tokens per group, resampled group weights) of one cell of
+    ``study``'s runs (their ``labels``, the first giving the request order), every seed's
+    requests in their own groups, each seed's grouped as its runs' own config says."""
     hits, prompts, groups, offset = [], [], [], 0
-    for seed, runs in cell.groupby("seed", sort=True):
-        tables = {r.label: read_table(out / STUDY / r.cell / "requests").set_index("request_id")
+    for _, runs in cell.groupby("seed", sort=True):
+        tables = {r.label: read_table(out / study / r.cell / "requests").set_index("request_id")
                   for r in runs.itertuples()}
-        ids = tables["vllm"].index  # every table read in this order
-        first = runs.iloc[0]
-        config = dict(source=first["source"], seed=int(seed), limit=None,
-                      params=SOURCES.get(first["source"], {}))
-        g = groups_of(first["source"], first["limit"], config).loc[ids].to_numpy() + offset
+        ids = tables[labels[0]].index  # every table read in this order
+        config = json.loads((out / study / runs.iloc[0]["cell"] / "config.json").read_text())
+        g = groups_of(config["source"], config["limit"], config).loc[ids].to_numpy() + offset
         offset = int(g.max()) + 1  # the next seed's groups are its own
         groups.append(g)
         hits.append(np.stack([tables[label]["hit_tokens"].loc[ids].to_numpy(np.float64) for label in labels]))
-        prompts.append(tables["vllm"]["prompt_tokens"].to_numpy(np.float64))
+        prompts.append(tables[labels[0]]["prompt_tokens"].to_numpy(np.float64))
     group, hit, prompt = np.concatenate(groups), np.concatenate(hits, axis=1), np.concatenate(prompts)
     return (np.stack([np.bincount(group, h, offset) for h in hit]), np.bincount(group, prompt, offset),
             group_resamples(offset, BOOTSTRAP))

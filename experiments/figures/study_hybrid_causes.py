@@ -38,19 +38,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefixcache.experiments.analysis.metrics import group_resamples
 from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
     cell_config,
     check_scale,
-    make_requests,
-    read_table,
     run_cells,
     save_study,
     study_main,
 )
-from prefixcache.experiments.figures.study_decomposition import BOOTSTRAP, Effects, named, prompt_groups
-from prefixcache.experiments.figures.study_engine_traces import conversations_by_id
+from prefixcache.experiments.figures.study_decomposition import Effects, cell_arrays, named
 from prefixcache.experiments.figures.study_hybrid import floor_layout
 from prefixcache.experiments.figures.study_whole_traces import machine
 from prefixcache.experiments.inputs.workloads import available_workloads
@@ -133,34 +129,12 @@ def configs(scale: str) -> list[dict[str, Any]]:
     return out
 
 
-def request_groups(config: dict[str, Any]) -> pd.Series:
-    """The bootstrap's unit of each request, by request id: a trace's conversations, else
-    ``prompt_groups`` of the workload's prompts."""
-    if config["source"] in MOONCAKE_TRACES:
-        return conversations_by_id(config["source"], config["limit"])
-    reqs = make_requests(config)
-    return pd.Series(prompt_groups([r.prompt_array for r in reqs]), index=[r.request_id for r in reqs])
-
-
 def panel_effects(cells: pd.DataFrame, out: Path) -> tuple[Effects, int]:
     """The hit rates of one (source, panel)'s variants, every seed's requests in their own
     groups, resampled alike; and how many groups."""
     labels = list(dict.fromkeys(cells["label"]))
-    hits, prompts, groups, offset = [], [], [], 0
-    for seed, runs in cells.groupby("seed", sort=True):
-        tables = {r.label: read_table(out / STUDY / r.cell / "requests").set_index("request_id")
-                  for r in runs.itertuples()}
-        ids = tables[labels[0]].index  # every table read in this order
-        config = dict(source=runs.iloc[0]["source"], seed=int(seed), limit=None, params={})
-        g = request_groups(config).loc[ids].to_numpy() + offset
-        offset = int(g.max()) + 1  # the next seed's groups are its own
-        groups.append(g)
-        hits.append(np.stack([tables[label]["hit_tokens"].loc[ids].to_numpy(np.float64) for label in labels]))
-        prompts.append(tables[labels[0]]["prompt_tokens"].to_numpy(np.float64))
-    group, hit, prompt = np.concatenate(groups), np.concatenate(hits, axis=1), np.concatenate(prompts)
-    hit_g = np.stack([np.bincount(group, h, offset) for h in hit])
-    effect = Effects(labels, hit_g, np.bincount(group, prompt, offset), group_resamples(offset, BOOTSTRAP))
-    return effect, offset
+    hit_g, prompt_g, weights = cell_arrays(cells, labels, out, STUDY)
+    return Effects(labels, hit_g, prompt_g, weights), len(prompt_g)
 
 
 def coefficients(effect: Effects, coefs: Combo) -> np.ndarray:
