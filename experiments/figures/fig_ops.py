@@ -112,14 +112,16 @@ def macros(results: Path, by_len: pd.DataFrame, pages: list[int],
             if label in conv.index:
                 values[f"opsReplay{name}"] = fmt(float(conv.loc[label, "prompt_tokens_per_s"]) / 1e6, 2)
     upstream = results / "bench" / "upstream.csv"
-    values["opsUpstreamMeasured"] = "no"
+    values["opsUpstreamMeasured"] = values["opsUpstreamPOneMeasured"] = "no"
     if upstream.exists():
         up = pd.read_csv(upstream).set_index("backend")
         # The paper quotes the trace rows (real prompts); the scripted ones are tiny.
         if {"hashchain (trace)", "radix default (trace)"} <= set(up.index):
             values["opsUpstreamMeasured"] = "yes"
+        values["opsUpstreamPOneMeasured"] = "yes" if "radix default (trace p1)" in up.index else "no"
         for key, name in (("hashchain", "Hash"), ("hashchain (trace)", "HashTrace"),
-                          ("radix default", "Radix"), ("radix default (trace)", "RadixTrace")):
+                          ("radix default", "Radix"), ("radix default (trace)", "RadixTrace"),
+                          ("radix default (trace p1)", "RadixTracePOne")):
             if key in up.index:
                 row = up.loc[key]
                 values[f"opsUp{name}Speedup"] = fmt(1.0 / float(row["ours_over_upstream"]), 2)

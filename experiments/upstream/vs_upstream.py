@@ -7,7 +7,7 @@ Every scenario of ``experiments/upstream/scenarios.py`` is replayed through vLLM
 KVCacheManager (hashchain) and/or SGLang 0.5.23's RadixCache + allocator (radix), and through
 ours via ``make_cache``. Per request it prints whether the hit and the physical page/slot ids
 agree, and per backend the time ratio ours / upstream (cache calls only, the best of 5 runs
-of each side, run alternately).
+of each side, run alternately, each with the cyclic collector off and torch on one thread).
 SGLang runs in both allocator modes: ``default`` (need_sort=False, what a plain SGLang server
 uses) and ``needsort`` (need_sort=True, PD disaggregation); ours gets the same ``need_sort``.
 ``--record`` writes the upstream results as JSON fixtures that tests/test_upstream_fixtures.py
@@ -18,9 +18,11 @@ without it this prints why and exits 0.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,24 @@ MODES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "vllm": [("", {})],
     "sglang": [("default", {"need_sort": False}), ("needsort", {"need_sort": True})],
 }
+
+
+def without_gc(replay: Callable[[], tuple[Any, float]]) -> tuple[Any, float]:
+    """``replay()`` with the cyclic collector run first and off while it runs, as ``timeit``
+    times: otherwise its pauses, which grow with whatever else the process holds (a trace
+    scenario's millions of ints), land on whichever side allocates more."""
+    gc.collect()
+    gc.disable()
+    try:
+        return replay()
+    finally:
+        gc.enable()
+
+
+def trace_label(sc: Any) -> str:
+    """A trace scenario's suffix in the totals: " (trace)" at page size 16, the paper's
+    headline, and the page size named otherwise (" (trace p1)")."""
+    return " (trace)" if sc.page_size == 16 else f" (trace p{sc.page_size})"
 
 
 def fixture_name(system: str, mode: str, scenario: str) -> str:
@@ -83,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     from prefixcache.experiments.upstream import shim
 
     missing = shim.unavailable_reason()
+    if len(missing) < 2:
+        import torch
+
+        # Like for like: ours runs on one core, and torch's intra-op threads oversubscribe a
+        # shared machine (SGLang's paged alloc_extend_naive on 200 trace requests: 0.9 s on one
+        # thread, 9.8 s on two beside other work).
+        torch.set_num_threads(1)
     drivers: dict[str, Any] = {}
     if "vllm" not in missing:
         from prefixcache.experiments.upstream.vllm_driver import replay_vllm
@@ -112,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         for system, (mode, options) in [(s, m) for s in sc.systems for m in MODES[s]]:
             if system not in drivers or (args.mode and mode and mode != args.mode):
                 continue
-            run_up = partial(drivers[system], scj, **options)
+            run_up = partial(without_gc, partial(drivers[system], scj, **options))
             up, t_up = run_up()
             if record_dir and not sc.large:
                 name = fixture_name(system, mode, sc.name)
@@ -129,11 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 (record_dir / name).write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
             backend = BACKEND[system]
             label = f"{system}{'/' + mode if mode else ''}"
-            key = f"{backend}{' ' + mode if mode else ''}{' (trace)' if sc.large else ''}"
+            key = f"{backend}{' ' + mode if mode else ''}{trace_label(sc) if sc.large else ''}"
             if backend not in registered:
                 print(f"{label:15} {sc.name:22} ours: backend {backend!r} not registered yet")
                 continue
-            run_ours = partial(replay_ours, backend, scj, **options)
+            run_ours = partial(without_gc, partial(replay_ours, backend, scj, **options))
             try:
                 ours, t_ours = run_ours()
             except Exception as exc:  # noqa: BLE001 - report, keep comparing the rest
