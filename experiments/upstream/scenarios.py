@@ -224,8 +224,7 @@ def mooncake(page_size: int, num_requests: int = 200, max_output: int = 16,
 def all_scenarios(large: bool = True) -> Iterator[Scenario]:
     """The scripted and seeded scenarios, then (``large``, trace present) the trace ones, each
     built only when the one before it is done with: a trace scenario's prompts are millions of
-    Python ints, and a heap that large slows every allocation-heavy replay after it (the
-    cyclic collector walks it)."""
+    Python ints, which need not sit on the heap while another scenario is timed."""
     out: list[Scenario] = []
     for sc in scripted(4):
         out.append(sc)
