@@ -223,8 +223,8 @@ def mooncake(page_size: int, num_requests: int = 200, max_output: int = 16,
 
 def all_scenarios(large: bool = True) -> Iterator[Scenario]:
     """The scripted and seeded scenarios, then (``large``, trace present) the trace ones, each
-    built only when the one before it is done with: a trace scenario's prompts are millions of
-    Python ints, which need not sit on the heap while another scenario is timed."""
+    built when the caller's loop reaches it, so that a later trace scenario's prompts (millions
+    of Python ints) are not on the heap while an earlier scenario is replayed."""
     out: list[Scenario] = []
     for sc in scripted(4):
         out.append(sc)
@@ -253,4 +253,3 @@ def all_scenarios(large: bool = True) -> Iterator[Scenario]:
         if page_size == 1:
             trace.systems = ("sglang",)
         yield trace
-        del trace  # before the next is built

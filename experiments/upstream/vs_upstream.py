@@ -29,7 +29,7 @@ from typing import Any
 
 from prefixcache.experiments.bench.ops import write_rows_csv
 from prefixcache.experiments.upstream.ours import compare, replay_ours
-from prefixcache.experiments.upstream.scenarios import all_scenarios
+from prefixcache.experiments.upstream.scenarios import Scenario, all_scenarios
 
 from prefixcache import available_backends
 
@@ -61,7 +61,7 @@ def without_gc(replay: Callable[[], tuple[Any, float]]) -> tuple[Any, float]:
         gc.enable()
 
 
-def trace_label(sc: Any) -> str:
+def trace_label(sc: Scenario) -> str:
     """A trace scenario's suffix in the totals: " (trace)" at page size 16, the paper's
     headline, and the page size named otherwise (" (trace p1)")."""
     return " (trace)" if sc.page_size == 16 else f" (trace p{sc.page_size})"
