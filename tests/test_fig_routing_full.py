@@ -11,7 +11,8 @@ from prefixcache.experiments.figures import fig_routing_full as f
 from prefixcache.experiments.figures.study_routing import DESIGNS, SCALE
 
 
-def grid(rates: dict[str, float], half_width: float = 0.01, replicas: int = 4) -> list[dict]:
+def grid(rates: dict[str, float], half_width: float = 0.01, replicas: int = 4,
+         cvs: dict[str, float] | None = None) -> list[dict]:
     rows = []
     for d in DESIGNS:
         for r in SCALE["full"]["routers"]:
@@ -19,7 +20,7 @@ def grid(rates: dict[str, float], half_width: float = 0.01, replicas: int = 4) -
             rows.append(dict(part="routers", source="mooncake-conversation", replicas=replicas,
                              capacity_tokens=1_000_000, load=0.8, design=d, label=r, token_hit_rate=rate,
                              hit_rate_lo=rate - half_width, hit_rate_hi=rate + half_width, wall_s=60.0,
-                             requests=12031))
+                             requests=12031, imbalance_cv=(cvs or {}).get(r, 0.2)))
     return rows
 
 
@@ -40,14 +41,18 @@ def test_routers_differ_only_where_their_intervals_do_not_overlap() -> None:
     assert f.best_group(rows) == ["a", "b"]
 
 
-def test_the_values_describe_the_first_complete_slice(tmp_path: Path) -> None:
+def write_grid(tmp_path: Path, rows: list[dict]) -> Path:
     results = tmp_path / "results"
     (results / "routing_full").mkdir(parents=True)
-    rates = {"oracle": 0.3, "round-robin": 0.05}
-    pd.DataFrame(grid(rates)).to_csv(results / "routing_full" / "summary.csv", index=False)
+    pd.DataFrame(rows).to_csv(results / "routing_full" / "summary.csv", index=False)
     (results / "routing_full" / "meta.json").write_text(json.dumps({"cells_total": 984, "executor": "ray",
                                                                     "machine": "test"}))
-    f.make(results, tmp_path / "paper")
+    return results
+
+
+def test_the_values_describe_the_first_complete_slice(tmp_path: Path) -> None:
+    rates = {"oracle": 0.3, "round-robin": 0.05}
+    f.make(write_grid(tmp_path, grid(rates)), tmp_path / "paper")
     tex = (tmp_path / "paper" / "generated" / "routing_full_values.tex").read_text()
     assert "\\newcommand{\\routFullRan}{yes}" in tex
     assert "\\newcommand{\\routFullHashBest}{\\texttt{oracle}}" in tex
@@ -61,3 +66,31 @@ def test_without_a_grid_the_paper_is_told_it_did_not_run(tmp_path: Path) -> None
     f.make(tmp_path / "results", tmp_path / "paper")
     tex = (tmp_path / "paper" / "generated" / "routing_full_values.tex").read_text()
     assert "\\newcommand{\\routFullRan}{no}" in tex
+    assert "no slice yet" in (tmp_path / "paper" / "generated" / "routing_full_rank.tex").read_text()
+
+
+def test_the_ranking_reads_every_complete_slice(tmp_path: Path) -> None:
+    """On 4 replicas the oracle ties sglang at the top; on 16 it falls below sglang's interval
+    with a higher imbalance: it is in the best group of one slice of two, sglang of both, and the
+    values give the oracle's imbalance where it fell out against the best router's there."""
+    small = grid({"oracle": 0.30, "sglang": 0.30, "round-robin": 0.05})
+    large = grid({"oracle": 0.20, "sglang": 0.33, "round-robin": 0.05}, replicas=16,
+                 cvs={"oracle": 0.9, "sglang": 0.15})
+    paper = tmp_path / "paper"
+    f.make(write_grid(tmp_path, small + large), paper)
+    tex = (paper / "generated" / "routing_full_values.tex").read_text()
+    assert "\\newcommand{\\routFullSlices}{2}" in tex
+    assert "\\newcommand{\\routFullHashAlwaysBest}{\\texttt{sglang}}" in tex
+    assert "\\newcommand{\\routFullRadixOracleOut}{1}" in tex
+    assert "\\newcommand{\\routFullHashOracleOutCv}{0.90}" in tex
+    assert "\\newcommand{\\routFullHashOracleOutTopCv}{0.15}" in tex
+    n = len(SCALE["full"]["routers"])
+    # 4 replicas: the two at the top beat all but each other, round-robin loses to the rest;
+    # 16: sglang beats all, the oracle all but sglang, round-robin loses to the rest
+    low, high = 2 * (n - 2) + (n - 3), (n - 1) + (n - 2) + (n - 3)
+    assert f"\\newcommand{{\\routFullHashPairsMin}}{{{low}}}" in tex
+    assert f"\\newcommand{{\\routFullHashPairsMax}}{{{high}}}" in tex
+    table = (paper / "generated" / "routing_full_rank.tex").read_text()
+    assert "oracle & 1/2 & 20.0--30.0 & 1/2 & 20.0--30.0 \\\\" in table
+    assert "sglang & 2/2 & 30.0--33.0 & 2/2 & 30.0--33.0 \\\\" in table
+    assert "round-robin & 0/2 & 5.0--5.0" in table
