@@ -65,11 +65,12 @@ from prefixcache.tiers import HostLink
 
 
 @contextmanager
-def _rare_full_collections() -> Iterator[None]:
+def rare_full_collections() -> Iterator[None]:
     """Python's collector with thresholds for a run that builds millions of long-lived objects
     (a block per token at page size 1): by default every 25% of growth rescans all of them (a
     third of such a run's time). Young objects are still collected; the thresholds come back
-    after. (vLLM and SGLang freeze the heap after start-up for the same reason.)"""
+    after. (vLLM and SGLang freeze the heap after start-up for the same reason.) The cluster
+    simulator runs its replicas under it too."""
     before = gc.get_threshold()
     gc.set_threshold(100_000, 50, 100)
     try:
@@ -217,7 +218,7 @@ class Engine:
         self.defer_decoders(True)
         try:
             bar = tqdm(total=total, disable=not progress, unit="req", leave=False)
-            with bar, _rare_full_collections():
+            with bar, rare_full_collections():
                 self._run_to_the_end(bar)
         finally:  # a caller may step on by hand, or look at the requests: all of them exact
             self.defer_decoders(False)

@@ -28,7 +28,7 @@ from typing import Any
 
 from prefixcache.cluster.routers.base import ReplicaState, Router
 from prefixcache.cost_model import Clock, CostModel
-from prefixcache.engine import Engine
+from prefixcache.engine import Engine, rare_full_collections
 from prefixcache.interface import PrefixCache
 from prefixcache.kv_event_sink import KVEventSink
 from prefixcache.request import Request
@@ -158,6 +158,16 @@ class Cluster:
         ids = [r.request_id for r in pending]
         if len(set(ids)) != len(ids):
             raise ValueError("request ids must be unique across the cluster")
+        with rare_full_collections():
+            self._serve(pending)
+        for replica in self.replicas:  # (every request finished: nothing is deferred now)
+            replica.engine.defer_decoders(False)
+        self._check_conservation(len(ids))
+        return [self.routes[rid] for rid in ids]
+
+    def _serve(self, pending: deque[Request]) -> None:
+        """Route each pending request at its arrival and step the replicas in time order until
+        every request has finished."""
         stalled = [0] * len(self.replicas)
         while True:
             busy = [(t, rep.index) for rep in self.replicas if (t := self._next_step(rep)) is not None]
@@ -176,10 +186,6 @@ class Cluster:
                     raise RuntimeError(f"replica {replica.index} made no progress at clock {self.clock}")
             else:
                 stalled[replica.index] = 0
-        for replica in self.replicas:  # (every request finished: nothing is deferred now)
-            replica.engine.defer_decoders(False)
-        self._check_conservation(len(ids))
-        return [self.routes[rid] for rid in ids]
 
     def _next_step(self, replica: Replica) -> float | None:
         e = replica.engine
