@@ -51,33 +51,78 @@ def test_replays_are_timed_with_the_collector_off_and_it_comes_back() -> None:
 def test_main_times_like_for_like_and_labels_a_page_one_trace(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """``vs_upstream.main`` with SGLang standing in (its replay is ours, recording what it runs
-    under): torch goes to one thread before any replay, every replay runs with the collector
-    off, and a page-1 trace scenario's totals land under its own label."""
+    """``vs_upstream.main`` with vLLM and SGLang standing in (their replays are ours, recording
+    what they run under): torch goes to one thread before any replay, every replay runs with the
+    collector off, each side records once and is timed only in runs that record nothing, our
+    request construction is timed against vLLM only (whose constructor hashes the prompt) and
+    never against SGLang, and a page-1 trace scenario's totals land under its own label."""
     import torch
     from prefixcache.experiments.upstream import shim, vs_upstream
     from prefixcache.experiments.upstream.ours import replay_ours
 
     threads: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
-    monkeypatch.setattr(shim, "unavailable_reason", lambda: {"vllm": "not here"})
+    monkeypatch.setattr(shim, "unavailable_reason", lambda: {})
     collector_on: list[bool] = []
+    recorded: dict[str, list[bool]] = {}
 
-    def replay_sglang(scj: dict[str, Any], **options: Any) -> tuple[list[dict[str, Any]], float]:
-        collector_on.append(gc.isenabled())
-        assert threads == [1], "a replay ran before torch was pinned to one thread"
-        return replay_ours("radix", scj, **options)[0], 1.0
+    def stand_in(backend: str) -> Any:
+        def replay(scj: dict[str, Any], record: bool = True,
+                   **options: Any) -> tuple[list[dict[str, Any]], float]:
+            collector_on.append(gc.isenabled())
+            recorded.setdefault(f"{backend} upstream", []).append(record)
+            assert threads == [1], "a replay ran before torch was pinned to one thread"
+            return replay_ours(backend, scj, record=record, **options)[0], 1.0
+        return replay
 
     monkeypatch.setitem(sys.modules, "prefixcache.experiments.upstream.sglang_driver",
-                        types.SimpleNamespace(replay_sglang=replay_sglang))
+                        types.SimpleNamespace(replay_sglang=stand_in("radix")))
+    monkeypatch.setitem(sys.modules, "prefixcache.experiments.upstream.vllm_driver",
+                        types.SimpleNamespace(replay_vllm=stand_in("hashchain")))
+    timed: dict[str, set[bool]] = {}
+
+    def ours(backend: str, scj: dict[str, Any], *, time_requests: bool = True, record: bool = True,
+             **options: Any) -> tuple[list[dict[str, Any]], float]:
+        timed.setdefault(backend, set()).add(time_requests)
+        recorded.setdefault(f"{backend} ours", []).append(record)
+        return replay_ours(backend, scj, time_requests=time_requests, record=record, **options)
+
+    monkeypatch.setattr(vs_upstream, "replay_ours", ours)
     trace = Scenario("tiny_trace_p1", 64, 1, systems=("sglang",), large=True)
     trace.whole("a", list(range(1, 13))).whole("b", list(range(1, 9)) + [50, 51])
-    monkeypatch.setattr(vs_upstream, "all_scenarios", lambda: iter([trace]))
+    blocks = Scenario("tiny_blocks", 64, 4, systems=("vllm",))
+    blocks.whole("a", list(range(1, 13)))
+    monkeypatch.setattr(vs_upstream, "all_scenarios", lambda: iter([trace, blocks]))
     out = tmp_path / "upstream.csv"
 
     assert vs_upstream.main(["--out", str(out)]) == 0
     assert threads == [1]
     assert collector_on and not any(collector_on)  # every run of every mode, best of 5
+    assert timed == {"radix": {False}, "hashchain": {True}}
+    once = [True] + [False] * vs_upstream.REPEAT  # per scenario and mode: recorded, then timed
+    assert recorded == {"hashchain upstream": once, "hashchain ours": once,
+                        "radix upstream": once * 2, "radix ours": once * 2}
     rows = pd.read_csv(out).set_index("backend")
-    assert list(rows.index) == ["radix default (trace p1)", "radix needsort (trace p1)"]
-    assert (rows["ids_agree"] == rows["requests"]).all() and (rows["requests"] == 2).all()
+    assert list(rows.index) == ["hashchain", "radix default (trace p1)", "radix needsort (trace p1)"]
+    assert (rows["ids_agree"] == rows["requests"]).all()
+    assert rows["requests"].tolist() == [1, 2, 2]
+
+
+def test_request_construction_is_timed_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay that builds one slow request and makes no cache call: its construction is in
+    the time with ``time_requests`` and out of it without."""
+    import time
+
+    from prefixcache.experiments.upstream import ours
+
+    from prefixcache.request import Request
+
+    class SlowRequest(Request):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            time.sleep(0.05)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ours, "Request", SlowRequest)
+    scj = {"capacity_tokens": 64, "page_size": 4, "ops": [{"op": "new", "rid": "a", "prompt": [1, 2, 3]}]}
+    assert ours.replay_ours("radix", scj, time_requests=True)[1] >= 0.05
+    assert ours.replay_ours("radix", scj, time_requests=False)[1] < 0.01

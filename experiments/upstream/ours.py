@@ -12,8 +12,17 @@ def usage_of(cache: PrefixCache) -> list[int]:
     return list(cache.usage())
 
 
-def replay_ours(backend: str, scenario: dict[str, Any], **options: Any) -> tuple[list[dict[str, Any]], float]:
-    """Returns (one record per op, seconds spent inside cache calls; recording is not timed)."""
+def replay_ours(
+    backend: str, scenario: dict[str, Any], *, time_requests: bool = True, record: bool = True,
+    **options: Any
+) -> tuple[list[dict[str, Any]], float]:
+    """Returns (one record per op, seconds spent inside cache calls; recording is not timed).
+
+    record: False leaves out each op's page ids and usage (only ok, hit and freed stay): a timed
+    run, whose page lists (millions of ints at page size 1) would slow the next calls down.
+    time_requests: whether building each ``Request`` (its token ids checked and copied) counts
+    too: it is no cache call, but the upstream being compared may do cache work in its own
+    request's constructor (vLLM's hashes the prompt's blocks there), and then both count it."""
     cache = make_cache(backend, CacheConfig(scenario["capacity_tokens"], scenario["page_size"]), **options)
     reqs: dict[str, Request] = {}
     records: list[dict[str, Any]] = []
@@ -24,7 +33,8 @@ def replay_ours(backend: str, scenario: dict[str, Any], **options: Any) -> tuple
         t0 = time.perf_counter()
         if kind == "new":
             reqs[op["rid"]] = Request(op["rid"], op["prompt"], cache_salt=op.get("salt"))
-            spent += time.perf_counter() - t0
+            if time_requests:
+                spent += time.perf_counter() - t0
         elif kind == "alloc":
             req = reqs[op["rid"]]
             first = not cache.is_live(req)
@@ -36,13 +46,15 @@ def replay_ours(backend: str, scenario: dict[str, Any], **options: Any) -> tuple
             rec["ok"] = ok
             if first:
                 rec["hit"] = req.num_computed_tokens if ok else None
-            rec["pages"] = [int(p) for p in cache.page_table(req)] if ok else None
+            if record:
+                rec["pages"] = [int(p) for p in cache.page_table(req)] if ok else None
         elif kind == "run":
             req = reqs[op["rid"]]
             req.num_computed_tokens = cache.reserved_tokens(req)
             cache.commit(req)
             spent += time.perf_counter() - t0
-            rec["pages"] = [int(p) for p in cache.page_table(req)]
+            if record:
+                rec["pages"] = [int(p) for p in cache.page_table(req)]
         elif kind == "append":
             reqs[op["rid"]].append_output_token_ids(op["tokens"])
             spent += time.perf_counter() - t0
@@ -54,7 +66,8 @@ def replay_ours(backend: str, scenario: dict[str, Any], **options: Any) -> tuple
             spent += time.perf_counter() - t0
         else:
             raise ValueError(f"unknown op {kind!r}")
-        rec["usage"] = usage_of(cache)
+        if record:
+            rec["usage"] = usage_of(cache)
         records.append(rec)
     return records, spent
 

@@ -89,9 +89,11 @@ class _UnifiedReq(_Req):
 
 
 def replay_sglang(
-    scenario: dict[str, Any], need_sort: bool = True, is_eagle: bool = False, unified: bool = False
+    scenario: dict[str, Any], need_sort: bool = True, is_eagle: bool = False, unified: bool = False,
+    record: bool = True,
 ) -> tuple[list[dict[str, Any]], float]:
-    """is_eagle: ``CacheInitParams.is_eagle`` (EAGLE speculative decoding: bigram keys).
+    """record: False leaves out page ids and usage (a timed run; ours.replay_ours').
+    is_eagle: ``CacheInitParams.is_eagle`` (EAGLE speculative decoding: bigram keys).
     unified: UnifiedRadixCache with the FULL component (Python core), what 0.5.23's registry
     builds for a plain model, instead of RadixCache."""
     ps = scenario["page_size"]
@@ -178,9 +180,8 @@ def replay_sglang(
         kind = op["op"]
         rec: dict[str, Any] = {}
         t0 = time.perf_counter()
-        if kind == "new":
+        if kind == "new":  # a stand-in's list copy, no cache work: not timed (nor is ours)
             reqs[op["rid"]] = req_class(op["rid"], op["prompt"], op.get("salt"), free_rows.pop())
-            spent += time.perf_counter() - t0
         elif kind == "alloc":
             r = reqs[op["rid"]]
             if op["rid"] not in live:
@@ -213,14 +214,16 @@ def replay_sglang(
                 r.decoding = decode
                 rec["ok"] = grow(r, need, decode=decode) if need > 0 else True
             spent += time.perf_counter() - t0  # what follows only records
-            rec["pages"] = pages(r) if rec["ok"] else None
+            if record:
+                rec["pages"] = pages(r) if rec["ok"] else None
         elif kind == "run":
             r = reqs[op["rid"]]
             r.computed = r.allocated
             if not r.decoding:  # SGLang checkpoints after an extend, not after a decode step
                 tree.checkpoint(r, up_to=r.computed)
             spent += time.perf_counter() - t0
-            rec["pages"] = pages(r)
+            if record:
+                rec["pages"] = pages(r)
         elif kind == "append":
             reqs[op["rid"]].output_ids.extend(op["tokens"])
             spent += time.perf_counter() - t0
@@ -234,9 +237,10 @@ def replay_sglang(
             spent += time.perf_counter() - t0
         else:
             raise ValueError(f"unknown op {kind!r}")
-        free_pages = alloc.available_size() // ps
-        evictable = tree.evictable_size() // ps
-        rec["usage"] = [free_pages, evictable, size // ps - free_pages - evictable]
+        if record:
+            free_pages = alloc.available_size() // ps
+            evictable = tree.evictable_size() // ps
+            rec["usage"] = [free_pages, evictable, size // ps - free_pages - evictable]
         records.append(rec)
     return records, spent
 

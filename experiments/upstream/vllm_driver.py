@@ -31,10 +31,10 @@ def free_queue(m: KVCacheManager) -> list[int]:
     return [b.block_id for b in m.block_pool.free_block_queue.get_all_free_blocks()]
 
 
-def replay_vllm(scenario: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+def replay_vllm(scenario: dict[str, Any], record: bool = True) -> tuple[list[dict[str, Any]], float]:
     """(one record per op, seconds inside vLLM's calls; recording is never timed)."""
     # Both walk the whole pool per op: affordable on the scripted scenarios only.
-    record_usage = record_free_queue = not scenario.get("large", False)
+    record_usage = record_free_queue = record and not scenario.get("large", False)
     B = scenario["page_size"]
     num_blocks = scenario["capacity_tokens"] // B
     cfg = KVCacheConfig(
@@ -76,12 +76,14 @@ def replay_vllm(scenario: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
                 if out is not None:
                     live[op["rid"]] = max(live[op["rid"]], req.num_computed_tokens + n)
             spent += time.perf_counter() - t0  # what follows only records
-            rec["pages"] = list(m.get_block_ids(op["rid"])[0]) if rec["ok"] else None
+            if record:
+                rec["pages"] = list(m.get_block_ids(op["rid"])[0]) if rec["ok"] else None
         elif kind == "run":
             req = reqs[op["rid"]]
             req.num_computed_tokens = live[op["rid"]]
             spent += time.perf_counter() - t0
-            rec["pages"] = list(m.get_block_ids(op["rid"])[0])
+            if record:
+                rec["pages"] = list(m.get_block_ids(op["rid"])[0])
         elif kind == "append":
             reqs[op["rid"]].append_output_token_ids(list(op["tokens"]))
             spent += time.perf_counter() - t0
