@@ -49,7 +49,7 @@ def test_replays_are_timed_with_the_collector_off_and_it_comes_back() -> None:
 
 
 def test_main_times_like_for_like_and_labels_a_page_one_trace(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``vs_upstream.main`` with vLLM and SGLang standing in (their replays are ours, recording
     what they run under): torch goes to one thread before any replay, every replay runs with the
@@ -67,8 +67,10 @@ def test_main_times_like_for_like_and_labels_a_page_one_trace(
     recorded: dict[str, list[bool]] = {}
 
     def stand_in(backend: str) -> Any:
-        def replay(scj: dict[str, Any], record: bool = True,
+        def replay(scj: dict[str, Any], record: bool = True, unified: bool = False,
                    **options: Any) -> tuple[list[dict[str, Any]], float]:
+            if unified:  # the unified tree's records are compared, not timed
+                return replay_ours(backend, scj, **options)[0], 1.0
             collector_on.append(gc.isenabled())
             recorded.setdefault(f"{backend} upstream", []).append(record)
             assert threads == [1], "a replay ran before torch was pinned to one thread"
@@ -96,6 +98,7 @@ def test_main_times_like_for_like_and_labels_a_page_one_trace(
     out = tmp_path / "upstream.csv"
 
     assert vs_upstream.main(["--out", str(out)]) == 0
+    assert "records what RadixCache does on 2 of 2 SGLang scenario-modes" in capsys.readouterr().out
     assert threads == [1]
     assert collector_on and not any(collector_on)  # every run of every mode, best of 5
     assert timed == {"radix": {False}, "hashchain": {True}}

@@ -14,7 +14,9 @@ Building a request is no cache call and is not timed, except against vLLM, whose
 constructor hashes the prompt's blocks: there both sides' constructions count.
 SGLang runs in both allocator modes: ``default`` (need_sort=False, what a plain SGLang server
 uses) and ``needsort`` (need_sort=True, PD disaggregation); ours gets the same ``need_sort``.
-``--record`` writes the upstream results as JSON fixtures that tests/test_upstream_fixtures.py
+Each SGLang scenario also runs through 0.5.23's UnifiedRadixCache with the FULL component (what
+its registry builds for a plain model), and the summary counts where it records what RadixCache
+does. ``--record`` writes the upstream results as JSON fixtures that tests/test_upstream_fixtures.py
 replays without vLLM or SGLang. Build the environment with experiments/upstream/setup_venv.sh;
 without it this prints why and exits 0.
 """
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # requests, hit ok, ids ok
     times: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # ours, upstream
     record_dir = Path(args.record) if args.record else None
+    unified_same = [0, 0]  # SGLang scenario-modes where UnifiedRadixCache(FULL) records as RadixCache
     if record_dir:
         record_dir.mkdir(parents=True, exist_ok=True)
 
@@ -144,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             if system not in drivers or (args.mode and mode and mode != args.mode):
                 continue
             up, _ = without_gc(partial(drivers[system], scj, **options))  # recorded, compared
+            if system == "sglang":  # 0.5.23's registry builds the unified tree for a plain model
+                unified, _ = drivers[system](scj, unified=True, **options)
+                unified_same[0] += unified == up
+                unified_same[1] += 1
             run_up = partial(without_gc, partial(drivers[system], scj, record=False, **options))
             if record_dir and not sc.large:
                 name = fixture_name(system, mode, sc.name)
@@ -198,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"        ... {len(diffs) - 3} more (-v)")
 
     print()
+    if unified_same[1]:
+        print(f"UnifiedRadixCache(FULL) records what RadixCache does on {unified_same[0]} of "
+              f"{unified_same[1]} SGLang scenario-modes")
     rows = []
     for backend, (n, h, i) in sorted(totals.items()):
         ours_t, up_t = times[backend]
