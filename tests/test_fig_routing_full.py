@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from prefixcache.experiments.figures import fig_routing_full as f
 from prefixcache.experiments.figures.study_routing import DESIGNS, SCALE
 
@@ -55,6 +56,7 @@ def test_the_values_describe_the_first_complete_slice(tmp_path: Path) -> None:
     f.make(write_grid(tmp_path, grid(rates)), tmp_path / "paper")
     tex = (tmp_path / "paper" / "generated" / "routing_full_values.tex").read_text()
     assert "\\newcommand{\\routFullRan}{yes}" in tex
+    assert "\\newcommand{\\routFullComplete}{no}" in tex  # 26 of the full grid's cells
     assert "\\newcommand{\\routFullHashBest}{\\texttt{oracle}}" in tex
     n = len(SCALE["full"]["routers"])
     # oracle beats every other router, round-robin loses to every other; the rest tie
@@ -94,3 +96,14 @@ def test_the_ranking_reads_every_complete_slice(tmp_path: Path) -> None:
     assert "oracle & 1/2 & 20.0--30.0 & 1/2 & 20.0--30.0 \\\\" in table
     assert "sglang & 2/2 & 30.0--33.0 & 2/2 & 30.0--33.0 \\\\" in table
     assert "round-robin & 0/2 & 5.0--5.0" in table
+
+
+def test_a_grid_with_every_cell_is_complete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = grid({"oracle": 0.3})
+    monkeypatch.setattr(f, "configs", lambda scale: (rows, []))  # the study: these cells only
+    results = write_grid(tmp_path, rows)
+    meta = json.loads((results / "routing_full" / "meta.json").read_text())
+    (results / "routing_full" / "meta.json").write_text(json.dumps({**meta, "cells_total": len(rows)}))
+    f.make(results, tmp_path / "paper")
+    tex = (tmp_path / "paper" / "generated" / "routing_full_values.tex").read_text()
+    assert "\\newcommand{\\routFullComplete}{yes}" in tex

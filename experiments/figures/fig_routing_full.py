@@ -154,6 +154,7 @@ def make(results: Path, paper: Path) -> list[Path]:
     values.update(
         routFullStarted="yes",
         routFullCellsDone=str(len(cells)),
+        routFullComplete="yes" if len(cells) == total else "no",
         routFullCellHours=fmt(float(cells["wall_s"].sum()) / 3600, 1),
         routFullCellMinutes=fmt(float(cells["wall_s"].mean()) / 60, 1),
         routFullExecutor=str(meta["executor"]),
