@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import gc
 import json
 import os
 import platform
@@ -47,6 +46,7 @@ from prefixcache.experiments.analysis.side_channel import (
     evaluate,
     make_design_cache,
 )
+from prefixcache.experiments.bench.ops import collector_off
 from prefixcache.experiments.figures.common import REPO_ROOT
 
 from prefixcache import Engine, Request
@@ -109,13 +109,11 @@ def measure(model_config: ModelConfig, attack: AttackConfig, seeds: int) -> pd.D
     """Every cell, seed-major (a slow spell of the machine then hits every design alike)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    gc.collect()
-    gc.disable()
     try:
-        frames = [time_cell(design, seed, salted, model_config, attack)
-                  for seed in range(seeds) for design in DESIGNS for salted in (False, True)]
+        with collector_off():
+            frames = [time_cell(design, seed, salted, model_config, attack)
+                      for seed in range(seeds) for design in DESIGNS for salted in (False, True)]
     finally:
-        gc.enable()
         torch.set_num_threads(threads)
     return pd.concat(frames, ignore_index=True)
 

@@ -33,7 +33,8 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,21 @@ def write_rows_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+@contextmanager
+def collector_off() -> Iterator[None]:
+    """The cyclic collector run once, then held off for the block, as ``timeit`` times, and put
+    back as it was: its pauses (and the finalizers they run) belong to whatever allocated
+    before, not to the work timed or counted inside."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def count_calls(op: Callable[[], Any]) -> int:
     """Python and C function calls made by ``op()``: the work, independent of memory speed.
 
@@ -89,16 +105,12 @@ def count_calls(op: Callable[[], Any]) -> int:
         if event == "call" or event == "c_call":
             calls += 1
 
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    sys.setprofile(profile)
-    try:
-        op()
-    finally:
-        sys.setprofile(None)
-        if was_enabled:
-            gc.enable()
+    with collector_off():
+        sys.setprofile(profile)
+        try:
+            op()
+        finally:
+            sys.setprofile(None)
     return calls - 1  # setprofile(None) itself is reported as a c_call
 
 

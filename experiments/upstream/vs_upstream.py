@@ -24,7 +24,6 @@ without it this prints why and exits 0.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 from collections import defaultdict
@@ -33,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from prefixcache.experiments.bench.ops import write_rows_csv
+from prefixcache.experiments.bench.ops import collector_off, write_rows_csv
 from prefixcache.experiments.upstream.ours import compare, replay_ours
 from prefixcache.experiments.upstream.scenarios import Scenario, all_scenarios
 
@@ -59,12 +58,8 @@ def without_gc(replay: Callable[[], tuple[Any, float]]) -> tuple[Any, float]:
     """``replay()`` with the cyclic collector run first and off while it runs, as ``timeit``
     times: otherwise its pauses, which grow with whatever else the process holds (a trace
     scenario's millions of ints), land on whichever side allocates more."""
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off():
         return replay()
-    finally:
-        gc.enable()
 
 
 def trace_label(sc: Scenario) -> str:
