@@ -351,7 +351,11 @@ class TailOptimizedLRU:
     tokens: dropping it leaves the next turn within target anyway. Excess entries go first,
     LRU among them, then the rest by LRU. ``slack`` = ``xi - q`` in tokens (the paper derives
     ``xi`` from an SLO; we take both as one parameter and learn neither). Entries carry
-    ``tail_tokens``: tokens of the last touching request after the entry's end."""
+    ``tail_tokens``: tokens of the last touching request after the entry's end.
+
+    OURS under the name: SGLang 0.5.23's own ``tlru`` (``TLRUStrategy``) reads each node's
+    branch history and cached-prefix lengths against a threshold and a next-prompt estimate, and
+    is not reproduced here (its other seven policies are, op by op)."""
 
     __slots__ = ("slack",)
 

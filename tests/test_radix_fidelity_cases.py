@@ -54,3 +54,52 @@ def test_swa_frees_of_one_group_return_together() -> None:
     ours = replay_requests_ours(sc)
     assert [r.get("pages") for r in ours] == [r.get("pages") for r in upstream]
     assert [r["usage"] for r in ours] == [r["usage"] for r in upstream]
+
+
+def test_a_split_prefix_keeps_its_suffix_creation_time() -> None:
+    # Recorded through sglang_driver.replay_sglang(unified=True, eviction_policy="fifo"):
+    # 0.5.23's UnifiedRadixCache._split_node gives the new prefix node the child's
+    # creation_time (its older RadixCache a fresh one). C's match splits A's 27 tokens at 26;
+    # under fifo the evictable leaves are then A's last token and B, both older than the
+    # split. Evicting 2 tokens takes A's last token, then its 26-token prefix (created with A,
+    # before B): 27 freed, usage [84 free, 12 evictable, 0 in use]. RadixCache frees 13 (the
+    # prefix, fresh at the split, outlives B).
+    from prefixcache.experiments.upstream.ours import replay_ours
+    from prefixcache.experiments.upstream.scenarios import Scenario
+
+    a = [2424, 280, 749, 1532, 4023, 221, 4697, 4189, 333, 1946, 4858, 4527, 4799, 339]
+    a += [3519, 953, 2692, 825, 2761, 1240, 1182, 1262, 2448, 2851, 2274, 118, 4499]
+    b = [3088, 200, 1970, 4617, 2083, 1623, 3265, 452, 3536, 2524, 2073, 575]
+    s = Scenario("split_fifo", 97, 1, systems=("sglang",))
+    s.new("A", a).alloc("A").run("A").release("A")
+    s.new("B", b).alloc("B").run("B").release("B")
+    s.new("C", a).alloc("C").run("C").append("C", [3655]).release("C")
+    s.ops.append({"op": "evict", "n": 2})
+    records, _ = replay_ours("radix", s.to_json(), need_sort=False, eviction_policy="fifo")
+    assert [r["hit"] for r in records if "hit" in r] == [0, 0, 26]
+    assert records[-1]["freed"] == 27
+    assert records[-1]["usage"] == [84, 12, 0]
+
+
+def test_a_split_prefix_keeps_its_suffix_creation_time_under_hicache() -> None:
+    # The same split as above with HiCache on (write_through), recorded through
+    # sglang_hicache_driver.replay_upstream with eviction_policy="fifo": evicting 7 device
+    # tokens demotes C's last token, then the 10-token prefix (as old as A), not B: 11 freed,
+    # both host-only now ('h'), B still on device and host ('dh').
+    from prefixcache.experiments.upstream.scenarios import Scenario
+    from prefixcache.experiments.upstream.sglang_hicache_driver import replay_ours as hicache_ours
+
+    a = [1458, 1038, 599, 3596, 834, 63, 4418, 2382, 818, 2969, 3327]
+    s = Scenario("split_fifo_hicache", 65, 1, systems=("sglang",))
+    s.new("A", a).alloc("A").run("A").release("A")
+    s.new("B", [28, 2324, 4354, 3942, 1496, 397, 500]).alloc("B").run("B").release("B")
+    s.new("C", a).alloc("C").run("C").release("C")
+    s.ops += [{"op": "step"}, {"op": "evict", "n": 7}]
+    sc = {**s.to_json(), "tier": {"write_policy": "write_through", "ratio": 2.0},
+          "options": {"eviction_policy": "fifo"}}
+    records = hicache_ours(sc)
+    assert records[-5]["hit"] == 10  # C's alloc
+    assert records[-1] == {
+        "freed": 11, "usage": [57, 7, 0], "host_free": 111,
+        "nodes": [[7, 7, "dh"], [10, 10, "h"], [11, 1, "h"]],
+    }

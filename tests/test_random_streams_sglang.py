@@ -4,8 +4,9 @@ with what SGLang 0.5.23's own caches recorded (issue 33).
 Fixtures: tests/fixtures/upstream/random_sglang/random_<family>_s0.json, 10 seeded streams per
 family written by ``experiments/upstream/random_streams_sglang.py --record`` from
 UnifiedRadixCache with SWA (page 1 / 16, the scheduler's free groups), Mamba (no_buffer),
-HiCache (each write policy), EAGLE (dense and SWA) and RadixCache's KV event stream, through
-the drivers of experiments/upstream/. Per op every recorded field must agree: hits, host hits,
+HiCache (each write policy), EAGLE (dense and SWA), RadixCache's KV event stream, and the dense
+tree and HiCache under each of SGLang's eviction policies in turn, through the drivers of
+experiments/upstream/. Per op every recorded field must agree: hits, host hits,
 loads, page ids (full and SWA), pool usage, freed counts, held states, node states and events.
 """
 
@@ -18,6 +19,7 @@ import pytest
 from prefixcache.experiments.upstream.random_streams_sglang import (
     FAMILIES,
     FIXTURES,
+    SGLANG_POLICIES,
     op_differences,
     replay_ours_family,
     streams_of,
@@ -70,6 +72,21 @@ def test_the_streams_exercise_what_they_claim() -> None:
                 seen |= {e["type"] for e in rec.get("events", ())}
     want = {"hit", "host", "loaded", "freed", "cow_source", "swa_freed", "BlockStored", "BlockRemoved"}
     assert want <= seen, want - seen
+
+
+def test_the_policy_families_take_each_of_sglangs_policies() -> None:
+    """The policies were really passed: every one of SGLang's seven is recorded, and the same
+    stream under another policy would not have recorded the same (policies change outcomes)."""
+    for family in ("policies", "hicache-policies"):
+        streams = _load(family)["streams"]
+        assert {s["scenario"]["options"]["eviction_policy"] for s in streams} == set(SGLANG_POLICIES)
+    differs = 0
+    for stream in _load("policies")["streams"]:
+        sc = stream["scenario"]
+        other = "mru" if sc["options"]["eviction_policy"] != "mru" else "lru"
+        swapped = {**sc, "options": {"eviction_policy": other}}
+        differs += replay_ours_family("policies", swapped) != stream["records"]
+    assert differs >= 3, differs
 
 
 def test_pages_16_and_1_are_both_recorded_for_swa() -> None:

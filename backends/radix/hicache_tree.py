@@ -175,10 +175,12 @@ class HiRadixCache(RadixCache):
             self.events.record_store(node)
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
-        """parent -> new[:split_len] -> child[split_len:], device and host slots alike."""
+        """parent -> new[:split_len] -> child[split_len:], device and host slots alike (the new
+        node keeps the child's creation time, as RadixCache._split_node)."""
         assert child.parent is not None
         assert 0 < split_len < len(child.key)
         new = TreeNode(now, priority=child.priority)
+        new.creation_time = child.creation_time
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
         new.parent = child.parent

@@ -299,9 +299,14 @@ class RadixCache:
         return child, n, diverged
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
-        """parent -> new[:split_len] -> child[split_len:]; sizes unchanged. Returns new."""
+        """parent -> new[:split_len] -> child[split_len:]; sizes unchanged. Returns new.
+
+        The new prefix node takes the child's creation time, as 0.5.23's UnifiedRadixCache
+        splits (what its registry builds for a plain model); its older RadixCache gives the prefix
+        a fresh one, which fifo / filo (and our s3fifo) would order differently."""
         assert child.value is not None and child.parent is not None and 0 < split_len < len(child.key)
         new = TreeNode(now, priority=child.priority)
+        new.creation_time = child.creation_time
         new.lock_ref = child.lock_ref
         new.hit_count = child.hit_count
         new.ghost_hit, new.policy_state = child.ghost_hit, child.policy_state
@@ -409,8 +414,7 @@ class RadixCache:
             if not self.whole_leaves:
                 asked = -(-(num_tokens - evicted) // self.page_size) * self.page_size
                 if len(leaf.key) > asked:  # the upper part stays, stamped as the leaf was
-                    upper = self._split_node(leaf, len(leaf.key) - asked, leaf.last_access_time)
-                    upper.creation_time = leaf.creation_time
+                    self._split_node(leaf, len(leaf.key) - asked, leaf.last_access_time)
                     key = self._leaf_entry[leaf.id][0]
             note_eviction(self.policy, key)
             content_id = self._content_id(leaf)

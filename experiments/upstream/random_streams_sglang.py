@@ -11,6 +11,9 @@ consume, so both sides run through the drivers' own executors:
   eagle      is_eagle=True: dense (sglang_driver, UnifiedRadixCache FULL) or FULL+SWA
   events     dense with KV events (sglang_kv_events_driver's RadixCache stream) beside the
              page ids and usage of UnifiedRadixCache FULL (sglang_driver, unified=True)
+  policies   dense under each of SGLang's eviction policies in turn (evict_policy.py: lru, lfu,
+             fifo, mru, filo, priority, slru), UnifiedRadixCache FULL (sglang_driver)
+  hicache-policies   HiCache (write policies in turn) under those policies in turn
 
 Streams mix shared system prompts, multi-turn growth, branches cut at and around page and
 window boundaries (-1, 0, +1), pools small enough to evict, requests finishing at prefill beside
@@ -22,7 +25,8 @@ requests, decode steps and single ops while the same field still differs.
     .venv-upstream/bin/python -m prefixcache.experiments.upstream.random_streams_sglang --record
 
 The second form writes tests/fixtures/upstream/random_sglang/ (10 streams per family, seed 0),
-replayed without SGLang by tests/test_random_streams_sglang.py.
+replayed without SGLang by tests/test_random_streams_sglang.py; ``--record policies`` writes
+only the families named.
 """
 
 from __future__ import annotations
@@ -51,7 +55,11 @@ FAMILIES = (
     "hicache-write_back",
     "eagle",
     "events",
+    "policies",
+    "hicache-policies",
 )
+# SGLang 0.5.23's own eviction policies (mem_cache/evict_policy.py; its tlru is not ours).
+SGLANG_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 UPSTREAM = "SGLang 0.5.23 (drivers of experiments/upstream/: hybrid, mamba, hicache, driver, kv_events)"
 
 
@@ -212,6 +220,22 @@ def hicache_stream(rng: random.Random, i: int, policy: str) -> Stream:
     return sc
 
 
+def policy_stream(rng: random.Random, i: int) -> Stream:
+    """A dense stream under SGLang's policy number ``i`` (in turn), page 1, 4 or 16."""
+    policy = SGLANG_POLICIES[i % len(SGLANG_POLICIES)]
+    sc = dense_stream(rng, i, f"policy_{policy}", (1, 4, 16))
+    sc["options"] = {"eviction_policy": policy}
+    return sc
+
+
+def hicache_policy_stream(rng: random.Random, i: int) -> Stream:
+    """A HiCache stream under write policy and SGLang eviction policy number ``i`` (in turn)."""
+    write = ("write_through", "write_through_selective", "write_back")[i % 3]
+    sc = hicache_stream(rng, i, write)
+    sc["options"] = {"eviction_policy": SGLANG_POLICIES[i % len(SGLANG_POLICIES)]}
+    return sc
+
+
 def eagle_stream(rng: random.Random, i: int) -> Stream:
     if i % 2:
         return swa_stream(rng, i, is_eagle=True)
@@ -274,6 +298,8 @@ GENERATORS: dict[str, Callable[[random.Random, int], Stream]] = {
     "hicache-write_back": lambda rng, i: hicache_stream(rng, i, "write_back"),
     "eagle": eagle_stream,
     "events": lambda rng, i: dense_stream(rng, i, "events", (1, 4), salts=True),
+    "policies": policy_stream,
+    "hicache-policies": hicache_policy_stream,
 }
 
 
@@ -404,6 +430,8 @@ def replay_ours_family(family: str, sc: Stream) -> Records:
         return replay_events_ours(sc)
     if "layout" in sc:
         return replay_requests_ours(sc)
+    if family == "policies":
+        return replay_ours("radix", sc, need_sort=False, eviction_policy=sc["options"]["eviction_policy"])[0]
     return replay_ours("radix", sc, need_sort=False, is_eagle=True)[0]
 
 
@@ -425,7 +453,10 @@ def replay_upstream_family(family: str, sc: Stream) -> Records:  # pragma: no co
         return replay_requests_upstream(sc)
     from prefixcache.experiments.upstream.sglang_driver import replay_sglang
 
-    records, _ = replay_sglang(sc, need_sort=False, is_eagle=family == "eagle", unified=True)
+    policy = sc.get("options", {}).get("eviction_policy", "lru")
+    records, _ = replay_sglang(
+        sc, need_sort=False, is_eagle=family == "eagle", unified=True, eviction_policy=policy
+    )
     if family == "events":
         from prefixcache.experiments.upstream.sglang_kv_events_driver import replay_events
 
@@ -536,10 +567,10 @@ def run_family(
     return agreeing, streams, first
 
 
-def record(n: int = 10, seed: int = 0) -> None:  # pragma: no cover - needs SGLang
+def record(n: int = 10, seed: int = 0, families: tuple[str, ...] = FAMILIES) -> None:  # pragma: no cover
     """Write n streams per family at ``seed`` with SGLang's records, one file per family."""
     FIXTURES.mkdir(parents=True, exist_ok=True)
-    for family in FAMILIES:
+    for family in families:
         cases = [
             {"scenario": sc, "records": replay_upstream_family(family, sc)}
             for sc in streams_of(family, seed, n)
@@ -573,7 +604,7 @@ def main(streams: int = 100, seeds: tuple[int, ...] = (0, 1), families: tuple[st
 if __name__ == "__main__":  # pragma: no cover
     args = sys.argv[1:]
     if args[:1] == ["--record"]:
-        record()
+        record(families=tuple(a for a in args[1:] if a in FAMILIES) or FAMILIES)
     else:
         fams = tuple(a for a in args if a in FAMILIES) or FAMILIES
         nums = [int(a) for a in args if a.isdigit()]

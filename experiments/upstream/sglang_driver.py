@@ -90,12 +90,13 @@ class _UnifiedReq(_Req):
 
 def replay_sglang(
     scenario: dict[str, Any], need_sort: bool = True, is_eagle: bool = False, unified: bool = False,
-    record: bool = True,
+    record: bool = True, eviction_policy: str = "lru",
 ) -> tuple[list[dict[str, Any]], float]:
     """record: False leaves out page ids and usage (a timed run; ours.replay_ours').
     is_eagle: ``CacheInitParams.is_eagle`` (EAGLE speculative decoding: bigram keys).
     unified: UnifiedRadixCache with the FULL component (Python core), what 0.5.23's registry
-    builds for a plain model, instead of RadixCache."""
+    builds for a plain model, instead of RadixCache.
+    eviction_policy: ``CacheInitParams.eviction_policy`` (``--radix-eviction-policy``)."""
     ps = scenario["page_size"]
     size = scenario["capacity_tokens"] - ps  # usable slots; slot/page 0 is SGLang's padding slot
     if ps == 1:
@@ -118,7 +119,7 @@ def replay_sglang(
     rtt = _ReqToTokenPool(max(max_live, 1), max([4096, *length.values()]) + ps)
     free_rows = list(range(max(max_live, 1)))[::-1]
     params = CacheInitParams(disable=False, req_to_token_pool=rtt, token_to_kv_pool_allocator=alloc,
-                             page_size=ps, is_eagle=is_eagle)
+                             page_size=ps, is_eagle=is_eagle, eviction_policy=eviction_policy)
     req_class = _Req
     if unified:
         import sglang.srt.mem_cache.unified_radix_cache as unified_mod

@@ -168,6 +168,7 @@ def replay_upstream(sc: dict[str, Any], events: bool = False) -> list[dict[str, 
             tree_components=(ComponentType.FULL,),
             tree_core_backend="python",
             enable_kv_cache_events=events,
+            eviction_policy=sc.get("options", {}).get("eviction_policy", "lru"),
         )
     )
     # What init_hicache (+ attach_hybrid_pool_to_unified_cache) leaves set for a FULL tree.
@@ -324,6 +325,7 @@ def replay_ours(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             host_tier=tier,
             clock=itertools.count().__next__,
             kv_events=events,
+            eviction_policy=sc.get("options", {}).get("eviction_policy", "lru"),
         )
     warned = any("smaller than the device pool" in str(w.message) for w in caught)
     reqs: dict[str, Request] = {}
