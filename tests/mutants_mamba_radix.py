@@ -44,13 +44,13 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     "mamba radix: Mamba lock over the whole path": (
         _TREE,
         "if node.id not in self.lru or node.mamba_lock:",
-        "if node.id not in self.lru or node.full_lock:",
+        "if node.id not in self.lru or node.lock_ref:",
     ),
     # A split leaves the upper part holding the lower part's state (not a tombstone).
     "mamba radix: split does not tombstone the upper part": (
         "backends/radix/unified_tree.py",
-        "        new.full_lock = child.full_lock\n",
-        "        new.full_lock = child.full_lock\n        new.mamba = child.mamba\n",
+        "        new.lock_ref = child.lock_ref\n",
+        "        new.lock_ref = child.lock_ref\n        new.mamba = child.mamba\n",
     ),
     # Full eviction takes the most recently used leaf.
     "mamba radix: full eviction MRU first": (

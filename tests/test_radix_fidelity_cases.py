@@ -24,7 +24,7 @@ def test_mamba_request_before_first_commit_is_legal() -> None:
     assert cache.allocate(req, 10, match)
     cache.check_invariants()
     root = cache.tree.root
-    assert (root.full_lock, root.mamba_lock) == (0, 0), "the root is never locked"
+    assert (root.lock_ref, root.mamba_lock) == (0, 0), "the root is never locked"
     assert cache.page_tables(req)[1][0] > 0, "the request holds its own state slot"
     req.num_computed_tokens = 10
     cache.check_invariants()  # computed, not yet committed

@@ -159,7 +159,7 @@ def test_a_locked_tombstone_keeps_its_full_kv_and_takes_only_the_swa() -> None:
     t.check()
 
 
-def test_an_early_swa_release_never_tombstones_under_a_full_lock() -> None:
+def test_an_early_swa_release_never_tombstones_under_a_lock_ref() -> None:
     t = tree(window=2)
     _, leaf = put(t, [1, 2])
     lock = t.inc_lock_ref(leaf)

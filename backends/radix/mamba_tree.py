@@ -26,8 +26,8 @@ from typing import NamedTuple
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.tree import SlotArray
+from prefixcache.backends.radix.tree import TreeNode as MambaNode
 from prefixcache.backends.radix.unified_tree import UnifiedTreeCore
-from prefixcache.backends.radix.unified_tree import UnifiedTreeNode as MambaNode
 
 
 class MambaMatch(NamedTuple):
@@ -90,7 +90,7 @@ class MambaRadixTree(UnifiedTreeCore):
 
     def is_evictable_leaf(self, node: MambaNode) -> bool:
         """SGLang's D-leaf: not the root, no child, no lock of either kind on the node."""
-        return node is not self.root and not node.children and node.full_lock == 0 and node.mamba_lock == 0
+        return node is not self.root and not node.children and node.lock_ref == 0 and node.mamba_lock == 0
 
     # ------------------------------------------------------------------ match / insert
     def match_prefix(self, key: RadixKey) -> MambaMatch:
@@ -215,13 +215,13 @@ class MambaRadixTree(UnifiedTreeCore):
         me = mp = 0
         holders = set()
         for node in self.iter_nodes():
-            assert node.full_lock >= node.mamba_lock, f"{node}: Mamba lock without the full lock"
+            assert node.lock_ref >= node.mamba_lock, f"{node}: Mamba lock without the full lock"
             if node.mamba is not None:
                 holders.add(node.id)
                 if node.mamba_lock:
                     mp += 1
                 else:
                     me += 1
-        assert self.root.mamba is None and not self.root.full_lock, "the root holds no state, no lock"
+        assert self.root.mamba is None and not self.root.lock_ref, "the root holds no state, no lock"
         assert (me, mp) == (self.mamba_evictable, self.mamba_protected), f"mamba sizes drifted {me, mp}"
         assert holders == set(self.lru), "Mamba LRU != nodes holding a state"

@@ -1,17 +1,17 @@
 """SWALRU: the list of nodes holding SWA KV (SGLang 0.5.23's SWA component ``LRUList``), linked
-through the nodes' ``lru_prev`` / ``lru_next`` (unified_tree.py)."""
+through the nodes' ``lru_prev`` / ``lru_next`` (tree.py)."""
 
 from __future__ import annotations
 
-from prefixcache.backends.radix.unified_tree import UnifiedTreeNode as SWANode
+from prefixcache.backends.radix.tree import TreeNode as SWANode
 
 
 class SWALRU:
     """Doubly linked list of the nodes holding SWA KV, MRU after ``head``."""
 
     def __init__(self) -> None:
-        self.head = SWANode(-1, 0.0)
-        self.tail = SWANode(-2, 0.0)
+        self.head, self.tail = SWANode(0.0), SWANode(0.0)
+        self.head.id, self.tail.id = -1, -2  # sentinels, never members
         self.head.lru_next, self.tail.lru_prev = self.tail, self.head
         self.members: set[int] = set()
 

@@ -8,7 +8,7 @@ node loses its full KV only by being deleted) and its SWA-pool slots (``swa``; N
 SWA freed, full kept). Tombstone leaves exist: a deleted leaf's ancestors are removed only when
 they hold no full KV, which never happens without HiCache.
 
-Locks: ``full_lock`` on the whole path; ``swa_lock`` from the node up until one window of tokens
+Locks: ``lock_ref`` on the whole path; ``swa_lock`` from the node up until one window of tokens
 is covered (tombstones counted), the boundary node stamped with a uuid that the release stops at.
 Evictable leaves: unlocked in both, holding full KV, no child. Sizes (tokens): evictable +
 protected per component, over nodes holding that component's value.
@@ -33,8 +33,8 @@ from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.swa_node import SWALRU
 from prefixcache.backends.radix.swa_pool import SWAPagePool
 from prefixcache.backends.radix.tree import SlotArray
+from prefixcache.backends.radix.tree import TreeNode as SWANode
 from prefixcache.backends.radix.unified_tree import EMPTY, UnifiedTreeCore
-from prefixcache.backends.radix.unified_tree import UnifiedTreeNode as SWANode
 
 
 class SWAMatch(NamedTuple):
@@ -90,7 +90,7 @@ class SWARadixTree(UnifiedTreeCore):
         return (
             node is not self.root
             and node.value is not None
-            and node.full_lock == 0
+            and node.lock_ref == 0
             and node.swa_lock == 0
             and not node.children
         )
@@ -195,7 +195,7 @@ class SWARadixTree(UnifiedTreeCore):
         live_start = self._clip_to_window(node, start, end, evicted)
         if live_start is not None:
             fresh = incoming[live_start - start :]
-            if node.full_lock > 0:  # RecoverSWAWithLockedFull: keep the locked full KV
+            if node.lock_ref > 0:  # RecoverSWAWithLockedFull: keep the locked full KV
                 assert node.value is not None
                 peers = self.pool.move_swa(self._pages(fresh), self._pages(node.value))
                 self.pool.free_full_only(self._pages(fresh))
@@ -401,7 +401,7 @@ class SWARadixTree(UnifiedTreeCore):
         leaves, in_lru = set(), set()
         for node in self.iter_nodes():
             assert node.value is not None
-            assert node.swa_lock == 0 or node.full_lock > 0, f"{node}: an SWA lock without a full lock"
+            assert node.swa_lock == 0 or node.lock_ref > 0, f"{node}: an SWA lock without a full lock"
             if node.swa is not None:
                 assert len(node.swa) == len(node.value), f"{node}: swa length"
                 assert np.array_equal(self.to_swa(node.value), node.swa), f"{node}: swa slots != mapping"

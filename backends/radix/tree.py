@@ -41,10 +41,15 @@ class TreeNode:
     lock_ref: running requests whose path passes through here; > 0 means protected.
     hit_count: requests whose inserted path passed through here (LFU / SLRU read it).
 
-    The host-backup component (HiCache, hicache_tree.py) keeps its data here too, so one node
-    type serves the tree with or without a host tier: ``host_value`` (host slots; None = no
-    copy), ``write_ack`` (the write-through copy in flight), ``host_lock_ref`` (pinned on host)
-    and ``load_pending`` (write_back: loaded, not yet acked).
+    Every component keeps its data here, so one node type serves every tree (SGLang 0.5.23's
+    ``UnifiedTreeNode`` holds each component's data the same way):
+    host backup (HiCache, hicache_tree.py): ``host_value`` (host slots; None = no copy),
+    ``write_ack`` (the write-through copy in flight), ``host_lock_ref`` (pinned on host) and
+    ``load_pending`` (write_back: loaded, not yet acked);
+    SWA (swa_tree.py): ``swa`` (SWA-pool slots; None = tombstone), ``swa_lock``, ``swa_uuid``
+    (where an SWA lock's window ends) and the SWA LRU links ``lru_prev`` / ``lru_next``;
+    MAMBA (mamba_tree.py): ``mamba`` (one state slot; None = tombstone) and ``mamba_lock``.
+    ``lock_ref`` is the FULL component's lock in every tree.
     """
 
     __slots__ = (
@@ -67,6 +72,13 @@ class TreeNode:
         "write_ack",
         "host_lock_ref",
         "load_pending",
+        "swa",
+        "swa_lock",
+        "swa_uuid",
+        "lru_prev",
+        "lru_next",
+        "mamba",
+        "mamba_lock",
     )
 
     counter: ClassVar[int] = 0  # advances on every construction, as SGLang's class counter
@@ -93,6 +105,13 @@ class TreeNode:
         self.write_ack: int | None = None
         self.host_lock_ref = 0
         self.load_pending = False
+        self.swa: SlotArray | None = None
+        self.swa_lock = 0
+        self.swa_uuid: int | None = None
+        self.lru_prev: TreeNode | None = None
+        self.lru_next: TreeNode | None = None
+        self.mamba: int | None = None
+        self.mamba_lock = 0
         self.id = TreeNode.counter
         TreeNode.counter += 1
 
@@ -107,6 +126,11 @@ class TreeNode:
     @property
     def backuped(self) -> bool:
         return self.host_value is not None
+
+    @property
+    def tombstone(self) -> bool:
+        """SWA: the node's sliding-window KV is freed, its full KV kept."""
+        return self.swa is None
 
     def __lt__(self, other: TreeNode) -> bool:
         return self.last_access_time < other.last_access_time

@@ -1,7 +1,7 @@
 """The tree core SGLang 0.5.23's ``UnifiedRadixCache`` shares between its components
-(``unified_cache/unified_tree_core.py``): one node type with the FULL component's data and each
-other component's, one split, one full-lock walk, one path stamp. The hybrid trees (swa_tree.py:
-FULL + SWA; mamba_tree.py: FULL + MAMBA) add their component on top of it.
+(``unified_cache/unified_tree_core.py``): one split, one full-lock walk, one path stamp, over
+the one node type (tree.py's ``TreeNode``, which holds every component's data). The hybrid
+trees (swa_tree.py: FULL + SWA; mamba_tree.py: FULL + MAMBA) add their component on top of it.
 
 Time is SGLang's ``get_and_increase_time_counter``: a counter, two ticks per new node (its
 last_access_time and creation_time), one per stamp.
@@ -14,70 +14,18 @@ from typing import NamedTuple
 
 import numpy as np
 from prefixcache.backends.radix.events import RadixEventRecorder
-from prefixcache.backends.radix.key import ChildKey, RadixKey
-from prefixcache.backends.radix.tree import SlotArray, iter_nodes
+from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.tree import SlotArray, TreeNode, iter_nodes
 
 EMPTY: SlotArray = np.empty(0, dtype=np.int64)
 
 
-class UnifiedTreeNode:
-    """``value``: full-pool slots (None once deleted). SWA component: ``swa`` (SWA-pool slots;
-    None = tombstone), ``swa_lock``, ``swa_uuid`` (where an SWA lock's window ends) and the
-    SWA LRU links. MAMBA component: ``mamba`` (one state slot; None = tombstone), ``mamba_lock``."""
-
-    __slots__ = (
-        "children",
-        "parent",
-        "key",
-        "value",
-        "full_lock",
-        "last_access_time",
-        "id",
-        "swa",
-        "swa_lock",
-        "swa_uuid",
-        "lru_prev",
-        "lru_next",
-        "mamba",
-        "mamba_lock",
-    )
-
-    def __init__(self, node_id: int, now: float) -> None:
-        self.children: dict[ChildKey, UnifiedTreeNode] = {}
-        self.parent: UnifiedTreeNode | None = None
-        self.key = RadixKey(EMPTY)
-        self.value: SlotArray | None = EMPTY
-        self.full_lock = 0
-        self.last_access_time = now
-        self.id = node_id
-        self.swa: SlotArray | None = None
-        self.swa_lock = 0
-        self.swa_uuid: int | None = None
-        self.lru_prev: UnifiedTreeNode | None = None
-        self.lru_next: UnifiedTreeNode | None = None
-        self.mamba: int | None = None
-        self.mamba_lock = 0
-
-    @property
-    def tombstone(self) -> bool:
-        return self.swa is None
-
-    def __lt__(self, other: UnifiedTreeNode) -> bool:
-        return self.last_access_time < other.last_access_time
-
-    def __repr__(self) -> str:
-        return (
-            f"UnifiedTreeNode(id={self.id}, len={len(self.key)}, full_lock={self.full_lock}, "
-            f"swa_lock={self.swa_lock}, mamba={self.mamba}, mamba_lock={self.mamba_lock})"
-        )
-
-
 class MatchWalk(NamedTuple):
     values: list[SlotArray]  # full slots of each node walked, in order
-    best: UnifiedTreeNode  # deepest node the components' validator accepted (the root for none)
+    best: TreeNode  # deepest node the components' validator accepted (the root for none)
     best_nodes: int  # nodes of ``values`` up to ``best``
     length: int  # tokens whose full KV matched (``full_kv_hit_length``)
-    last: UnifiedTreeNode  # deepest node walked
+    last: TreeNode  # deepest node walked
 
     def indices(self) -> SlotArray:
         """The full slots of the accepted part, in token order."""
@@ -98,9 +46,6 @@ class UnifiedTreeCore:
         # across resets: a match taken before one must never find its version again.
         self.version = 0
         self._time = 0.0
-        # Node ids, as SGLang's counter, never restart: a node of before a reset (a stale
-        # match's) must never share one with a new node.
-        self._next_id = 0
 
     def reset(self) -> None:
         self.version += 1
@@ -110,7 +55,7 @@ class UnifiedTreeCore:
             self.events.record_all_cleared()
 
     @property
-    def root_node(self) -> UnifiedTreeNode:
+    def root_node(self) -> TreeNode:
         """The root, by SGLang's name for it."""
         return self.root
 
@@ -120,13 +65,15 @@ class UnifiedTreeCore:
         self._time += 1.0
         return t
 
-    def _new_node(self) -> UnifiedTreeNode:
-        node = UnifiedTreeNode(self._next_id, self._tick())
-        self._tick()  # creation_time takes the next tick, as SGLang's node constructor
-        self._next_id += 1
+    def _new_node(self) -> TreeNode:
+        """A node stamped as SGLang's node constructor stamps it: last access, then creation,
+        each a tick. (Its id comes from TreeNode's counter, which never restarts: a node of
+        before a reset, a stale match's, never shares one with a new node.)"""
+        node = TreeNode(self._tick())
+        node.creation_time = self._tick()
         return node
 
-    def _split(self, child: UnifiedTreeNode, n: int) -> UnifiedTreeNode:
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
         """parent -> new[:n] -> child[n:]: the new upper node takes the full lock and the first
         n full slots; each component redistributes its own data (``redistribute_on_node_split``)."""
         assert child.parent is not None and child.value is not None and 0 < n < len(child.key)
@@ -134,7 +81,7 @@ class UnifiedTreeCore:
         new.parent = child.parent
         new.key, child.key = child.key[:n], child.key[n:]
         new.children = {child.key.child_key(self.page_size): child}
-        new.full_lock = child.full_lock
+        new.lock_ref = child.lock_ref
         new.value, child.value = child.value[:n].copy(), child.value[n:].copy()
         child.parent = new
         new.parent.children[new.key.child_key(self.page_size)] = new
@@ -144,14 +91,14 @@ class UnifiedTreeCore:
         self._update_leaf(child)
         return new
 
-    def redistribute_on_node_split(self, new: UnifiedTreeNode, child: UnifiedTreeNode) -> None:
+    def redistribute_on_node_split(self, new: TreeNode, child: TreeNode) -> None:
         """The components' part of a split (none in the core)."""
 
-    def _update_leaf(self, node: UnifiedTreeNode) -> None:
+    def _update_leaf(self, node: TreeNode) -> None:
         """Re-file ``node`` in an evictable-leaf index, for a tree that keeps one."""
 
     # ------------------------------------------------------------------ the walks
-    def _match_walk(self, key: RadixKey, accept: Callable[[UnifiedTreeNode], bool]) -> MatchWalk:
+    def _match_walk(self, key: RadixKey, accept: Callable[[TreeNode], bool]) -> MatchWalk:
         """Walk ``key`` down, splitting where it ends inside a node; ``accept`` (the components'
         ``create_match_validator``) is asked of each node in order whether a match may end there."""
         node, pos = self.root, 0
@@ -175,8 +122,8 @@ class UnifiedTreeCore:
         return MatchWalk(values, best, best_nodes, pos, node)
 
     def _insert_walk(
-        self, key: RadixKey, overlap: Callable[[UnifiedTreeNode, int, int], None]
-    ) -> tuple[UnifiedTreeNode, int]:
+        self, key: RadixKey, overlap: Callable[[TreeNode, int, int], None]
+    ) -> tuple[TreeNode, int]:
         """An insert's walk: the root and each node walked stamped, a split where ``key`` ends
         inside a node, ``overlap(node, start, n)`` (``update_component_on_insert_overlap``) for
         each node's ``n`` tokens from ``start``. Returns the last node and the tokens walked."""
@@ -194,7 +141,7 @@ class UnifiedTreeCore:
             node, pos = child, pos + n
         return node, pos
 
-    def _add_leaf(self, parent: UnifiedTreeNode, key: RadixKey, value: SlotArray) -> UnifiedTreeNode:
+    def _add_leaf(self, parent: TreeNode, key: RadixKey, value: SlotArray) -> TreeNode:
         """A new leaf with the FULL component's data (own copies of the tokens and slots)."""
         leaf = self._new_node()
         leaf.parent = parent
@@ -209,7 +156,7 @@ class UnifiedTreeCore:
             self.events.record_store(leaf)
         return leaf
 
-    def _unlink(self, node: UnifiedTreeNode) -> None:
+    def _unlink(self, node: TreeNode) -> None:
         """Take a deleted leaf out of its parent (its parent link is kept, as SGLang's)."""
         parent = node.parent
         assert parent is not None and not node.children
@@ -220,7 +167,7 @@ class UnifiedTreeCore:
             self.events.record_remove(node)
         self._update_leaf(parent)
 
-    def _stamp_path(self, node: UnifiedTreeNode | None) -> None:
+    def _stamp_path(self, node: TreeNode | None) -> None:
         """A match's stamp: ``node`` and its ancestors, each a little older than its child."""
         now = self._tick()
         while node is not None:
@@ -228,32 +175,32 @@ class UnifiedTreeCore:
             now -= 0.00001
             node = node.parent
 
-    def _lock_full(self, node: UnifiedTreeNode) -> None:
+    def _lock_full(self, node: TreeNode) -> None:
         """The FULL component's lock: the whole path from ``node`` up (the root excluded)."""
         while node is not self.root:
             assert node.parent is not None and node.value is not None
-            if node.full_lock == 0:
+            if node.lock_ref == 0:
                 self.full_evictable -= len(node.value)
                 self.full_protected += len(node.value)
-            node.full_lock += 1
+            node.lock_ref += 1
             node = node.parent
 
-    def _unlock_full(self, node: UnifiedTreeNode) -> list[UnifiedTreeNode]:
+    def _unlock_full(self, node: TreeNode) -> list[TreeNode]:
         """Undo ``_lock_full``; returns the nodes whose full lock reached 0."""
         freed = []
         while node is not self.root:
-            if node.full_lock <= 0:
+            if node.lock_ref <= 0:
                 raise RuntimeError(f"unbalanced full lock release at {node}")
             assert node.value is not None and node.parent is not None
-            if node.full_lock == 1:
+            if node.lock_ref == 1:
                 self.full_evictable += len(node.value)
                 self.full_protected -= len(node.value)
                 freed.append(node)
-            node.full_lock -= 1
+            node.lock_ref -= 1
             node = node.parent
         return freed
 
-    def path_indices(self, node: UnifiedTreeNode) -> SlotArray:
+    def path_indices(self, node: TreeNode) -> SlotArray:
         """The full slots of the tokens from the root to the end of ``node``."""
         chunks = []
         while node is not self.root:
@@ -262,7 +209,7 @@ class UnifiedTreeCore:
             node = node.parent
         return np.concatenate(chunks[::-1]) if chunks else EMPTY
 
-    def iter_nodes(self) -> list[UnifiedTreeNode]:
+    def iter_nodes(self) -> list[TreeNode]:
         return iter_nodes(self.root)
 
     def _check_full(self) -> None:
@@ -276,10 +223,10 @@ class UnifiedTreeCore:
                 f"{node}: bad length"
             )
             assert parent.children.get(node.key.child_key(self.page_size)) is node, f"{node} misfiled"
-            assert min(node.full_lock, node.swa_lock, node.mamba_lock) >= 0, f"{node}: negative lock"
-            if node.full_lock:
+            assert min(node.lock_ref, node.swa_lock, node.mamba_lock) >= 0, f"{node}: negative lock"
+            if node.lock_ref:
                 fp += len(node.value)
-                assert parent is self.root or parent.full_lock > 0, f"{node} locked, its parent not"
+                assert parent is self.root or parent.lock_ref > 0, f"{node} locked, its parent not"
             else:
                 fe += len(node.value)
         assert (fe, fp) == (self.full_evictable, self.full_protected), f"full sizes drifted: {(fe, fp)}"
