@@ -130,4 +130,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        tree.index_host_only(leaf)\n",
         "",
     ),
+    "hicache: an insert leaves the walked nodes' tails unread (tlru sees 0 after each)": (
+        "backends/radix/hicache_tree.py",
+        "            child.tail_tokens = len(key) - pos  # as RadixCache.insert (tlru reads it)\n",
+        "",
+    ),
 }

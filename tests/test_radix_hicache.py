@@ -17,7 +17,7 @@ from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache import CacheConfig, Request, make_cache
 from prefixcache.tiers import HostTierConfig
-from tests.helpers import Checked, tokens
+from tests.helpers import Checked, run_to_completion, tokens
 
 pytestmark = pytest.mark.filterwarnings("ignore:HiCache host pool")
 
@@ -388,3 +388,47 @@ def test_the_host_index_pops_what_the_tree_scan_pops(
             assert hits[0] == hits[1]
             assert _tree_state(caches[0]) == _tree_state(caches[1])
     assert caches[0].stats.host_evicted_tokens == caches[1].stats.host_evicted_tokens
+
+
+TLRU_CASES = [
+    # A's 20 tokens split at 10 by B: the shared prefix keeps 10 tokens after it (the split)
+    ([list(range(1, 21)), [*range(1, 11), *range(100, 110)], list(range(500, 505))],
+     [[11], [100], [500], [1]]),
+    # E extends A's 8 tokens by 8: A's node now has 8 tokens after it (the insert's walk)
+    ([list(range(1, 9)), list(range(1, 17)), list(range(500, 505))], [[9], [500], [1]]),
+]
+
+
+@pytest.mark.parametrize(("prompts", "order"), TLRU_CASES)
+def test_tlru_evicts_from_the_device_as_the_dense_tree_does(
+    prompts: list[list[int]], order: list[list[int]]
+) -> None:
+    """tlru ranks an entry by the tokens its last request held after it (``tail_tokens``):
+    HiCache's insert and split keep them as the dense tree's do, so the device evicts in the
+    same order with or without a host tier. With a slack of 15 the shared node (10 or 8 tokens
+    with as many after it) is not excess: D (5 tokens, excess) goes before it. A shared node
+    whose tail read 0 would be excess, and older than D."""
+
+    def device_order(host_tier: HostTierConfig | None) -> list[list[int]]:
+        options = {"host_tier": host_tier} if host_tier is not None else {}
+        cache = make_cache("radix", CacheConfig(96, 1), eviction_policy="tlru", **options)
+        cache.tree.policy.slack = 15  # type: ignore[attr-defined]
+
+        def settle() -> None:
+            if host_tier is not None:
+                cache.host_tier.advance_transfers()  # acks unlock the written nodes
+
+        for i, prompt in enumerate(prompts):
+            run_to_completion(cache, Request(f"r{i}", prompt))
+            settle()
+        evicted = []
+        while True:
+            on_device = {n.key.tolist()[0]: n for n in cache.tree.iter_nodes() if n.value is not None}
+            if not cache.evict(1):
+                return evicted
+            settle()
+            gone = (first for first, n in on_device.items() if n.value is None or n.parent is None)
+            evicted.append(sorted(gone))
+
+    assert device_order(None) == order
+    assert device_order(HostTierConfig(write_policy="write_through", ratio=4.0)) == order

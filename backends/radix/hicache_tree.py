@@ -142,6 +142,7 @@ class HiRadixCache(RadixCache):
             pos += n
             if pos > hit_from and self._inc_hit_count_and_check(child):
                 self.write_backup(child)
+            child.tail_tokens = len(key) - pos  # as RadixCache.insert (tlru reads it)
             self._refresh(child)
             node = child
         if pos < len(key):
@@ -175,37 +176,21 @@ class HiRadixCache(RadixCache):
             self.events.record_store(node)
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
-        """parent -> new[:split_len] -> child[split_len:], device and host slots alike (the new
-        node keeps the child's creation time, as RadixCache._split_node)."""
-        assert child.parent is not None
-        assert 0 < split_len < len(child.key)
-        new = TreeNode(now, priority=child.priority)
-        new.creation_time = child.creation_time
-        new.lock_ref = child.lock_ref
-        new.hit_count = child.hit_count
-        new.parent = child.parent
-        new.key = child.key[:split_len]
-        if child.value is not None:
-            new.value = child.value[:split_len].copy()
-            child.value = child.value[split_len:].copy()
-        else:
-            new.value = None
-        if child.host_value is not None:
-            new.host_value = child.host_value[:split_len].copy()
-            child.host_value = child.host_value[split_len:].copy()
+        """RadixCache._split_node, and the host component's part: host slots split alike, a
+        host-only prefix filed in the host index, a write in flight acked for both fragments
+        (the upper first); the new node may be a device leaf over a host-only child."""
+        host = child.host_value
+        new = super()._split_node(child, split_len, now)
+        if host is not None:
+            new.host_value, child.host_value = host[:split_len].copy(), host[split_len:].copy()
             if new.value is None:
                 self.index_host_only(new)
         new.write_ack = child.write_ack
-        if child.write_ack is not None:  # both fragments are acked together, the upper first
+        if child.write_ack is not None:
             fragments = self.ongoing_writes[child.write_ack][1]
             fragments.insert(fragments.index(child), new)
-        child.key = child.key[split_len:]
-        child.parent = new
-        new.children = {child.key.child_key(self.page_size): child}
-        new.parent.children[new.key.child_key(self.page_size)] = new
         self._track_duplicate(new)
-        self._update_leaf_status(new)  # a device node over a host-only child is a leaf
-        self._refresh(child)
+        self._update_leaf_status(new)
         return new
 
     # ------------------------------------------------------------------ backup (D -> H)

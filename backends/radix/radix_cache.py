@@ -299,12 +299,13 @@ class RadixCache:
         return child, n, diverged
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
-        """parent -> new[:split_len] -> child[split_len:]; sizes unchanged. Returns new.
+        """parent -> new[:split_len] -> child[split_len:]; sizes unchanged. Returns new. (A
+        host-only child, HiCache's, has no device slots: nor has the new node.)
 
         The new prefix node takes the child's creation time, as 0.5.23's UnifiedRadixCache
         splits (what its registry builds for a plain model); its older RadixCache gives the prefix
         a fresh one, which fifo / filo (and our s3fifo) would order differently."""
-        assert child.value is not None and child.parent is not None and 0 < split_len < len(child.key)
+        assert child.parent is not None and 0 < split_len < len(child.key)
         new = TreeNode(now, priority=child.priority)
         new.creation_time = child.creation_time
         new.lock_ref = child.lock_ref
@@ -314,9 +315,10 @@ class RadixCache:
         new.tail_tokens = child.tail_tokens + len(child.key) - split_len
         new.parent = child.parent
         new.key = child.key[:split_len]
-        new.value = child.value[:split_len].copy()
+        new.value = None if child.value is None else child.value[:split_len].copy()
         child.key = child.key[split_len:]
-        child.value = child.value[split_len:].copy()
+        if child.value is not None:
+            child.value = child.value[split_len:].copy()
         child.parent = new
         new.children = {child.key.child_key(self.page_size): child}
         new.parent.children[new.key.child_key(self.page_size)] = new
