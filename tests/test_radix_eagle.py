@@ -128,6 +128,11 @@ def test_is_eagle_with_mamba_layers_is_refused() -> None:
     ``params.is_eagle and MAMBA not in components``): no bigram keys there, so we refuse it."""
     with pytest.raises(ValueError, match="is_eagle"):
         make_cache("radix", CacheConfig(256, 1, layout="mamba-hybrid"), is_eagle=True)
+    # The class refuses it too when built directly, past the factory's capability table.
+    from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
+
+    with pytest.raises(ValueError, match="drops it for a tree with a MAMBA component"):
+        MambaRadixPrefixCache(CacheConfig(256, 1, layout="mamba-hybrid"), is_eagle=True)
 
 
 # ---------------------------------------------------------------------------- upstream
