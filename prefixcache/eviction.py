@@ -510,6 +510,9 @@ POLICIES: dict[str, type] = {
     "tlru": TailOptimizedLRU,
     "wa": WorkloadAware,
 }
+# SGLang 0.5.23's own policies (mem_cache/evict_policy.py) that both designs reproduce, lru first;
+# its eighth, tlru, is not the class above of that name.
+SGLANG_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 # Which backend and layout take which of these: prefixcache/capabilities.py.
 CAPACITY_POLICIES: dict[str, type] = {"arc": ARC, "s3fifo": S3FIFO, "lrp": LearnedReuse}
 LOOKUP_POLICIES = ("lrp",)  # need each request's lookup: hashchain, dense radix, the block model

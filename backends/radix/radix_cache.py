@@ -315,10 +315,11 @@ class RadixCache:
         new.tail_tokens = child.tail_tokens + len(child.key) - split_len
         new.parent = child.parent
         new.key = child.key[:split_len]
-        new.value = None if child.value is None else child.value[:split_len].copy()
         child.key = child.key[split_len:]
-        if child.value is not None:
-            child.value = child.value[split_len:].copy()
+        if child.value is None:
+            new.value = None
+        else:
+            new.value, child.value = child.value[:split_len].copy(), child.value[split_len:].copy()
         child.parent = new
         new.children = {child.key.child_key(self.page_size): child}
         new.parent.children[new.key.child_key(self.page_size)] = new

@@ -14,8 +14,10 @@ import pandas as pd
 from prefixcache.experiments.figures.plotting import figure_main, save, write_macros, write_table_tex
 from prefixcache.experiments.figures.study_whole_traces import FULL, MODEL_POLICIES, POLICY_CAPACITIES, STUDY
 
+from prefixcache.eviction import SGLANG_POLICIES
+
 TRACES = ("conversation", "synthetic")
-SGLANG = ("lfu", "fifo", "mru", "filo", "priority", "slru")  # and lru, the baseline
+SGLANG = SGLANG_POLICIES[1:]  # and lru, the baseline
 LITERATURE = ("gdsf", "tlru", "wa", "arc", "s3fifo")  # published policies, our implementations
 OURS = ("lrp", "reuse-oracle")
 TABLE_CAPACITIES = tuple(POLICY_CAPACITIES)  # 1, 2, 3, 6 and 10M: ARC's worst sits at 2M and 6M

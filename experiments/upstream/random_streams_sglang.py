@@ -39,7 +39,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefixcache.experiments.upstream.scenarios import Scenario
+from prefixcache.experiments.upstream.scenarios import Scenario, eviction_policy_of
+
+from prefixcache.eviction import SGLANG_POLICIES
 
 Op = dict[str, Any]
 Stream = dict[str, Any]
@@ -58,8 +60,6 @@ FAMILIES = (
     "policies",
     "hicache-policies",
 )
-# SGLang 0.5.23's own eviction policies (mem_cache/evict_policy.py; its tlru is not ours).
-SGLANG_POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 UPSTREAM = "SGLang 0.5.23 (drivers of experiments/upstream/: hybrid, mamba, hicache, driver, kv_events)"
 
 
@@ -431,7 +431,7 @@ def replay_ours_family(family: str, sc: Stream) -> Records:
     if "layout" in sc:
         return replay_requests_ours(sc)
     if family == "policies":
-        return replay_ours("radix", sc, need_sort=False, eviction_policy=sc["options"]["eviction_policy"])[0]
+        return replay_ours("radix", sc, need_sort=False, eviction_policy=eviction_policy_of(sc))[0]
     return replay_ours("radix", sc, need_sort=False, is_eagle=True)[0]
 
 
@@ -453,9 +453,8 @@ def replay_upstream_family(family: str, sc: Stream) -> Records:  # pragma: no co
         return replay_requests_upstream(sc)
     from prefixcache.experiments.upstream.sglang_driver import replay_sglang
 
-    policy = sc.get("options", {}).get("eviction_policy", "lru")
     records, _ = replay_sglang(
-        sc, need_sort=False, is_eagle=family == "eagle", unified=True, eviction_policy=policy
+        sc, need_sort=False, is_eagle=family == "eagle", unified=True, eviction_policy=eviction_policy_of(sc)
     )
     if family == "events":
         from prefixcache.experiments.upstream.sglang_kv_events_driver import replay_events

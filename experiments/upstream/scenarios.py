@@ -80,6 +80,12 @@ class Scenario:
                 "ops": [{k: v for k, v in op.items() if v is not None} for op in self.ops]}
 
 
+def eviction_policy_of(scenario: dict[str, Any]) -> str:
+    """A stream's ``options.eviction_policy`` (random_streams_sglang's policy families), else lru,
+    SGLang's default: what both the upstream drivers and ours replay it under."""
+    return str(scenario.get("options", {}).get("eviction_policy", "lru"))
+
+
 def _toks(n: int, seed: int, vocab: int = 1000) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(vocab) for _ in range(n)]

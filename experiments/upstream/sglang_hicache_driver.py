@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from prefixcache.experiments.upstream.scenarios import eviction_policy_of
 from prefixcache.experiments.upstream.sglang_hybrid_driver import grow_row, release_row
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "upstream" / "hicache"
@@ -168,7 +169,7 @@ def replay_upstream(sc: dict[str, Any], events: bool = False) -> list[dict[str, 
             tree_components=(ComponentType.FULL,),
             tree_core_backend="python",
             enable_kv_cache_events=events,
-            eviction_policy=sc.get("options", {}).get("eviction_policy", "lru"),
+            eviction_policy=eviction_policy_of(sc),
         )
     )
     # What init_hicache (+ attach_hybrid_pool_to_unified_cache) leaves set for a FULL tree.
@@ -325,7 +326,7 @@ def replay_ours(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             host_tier=tier,
             clock=itertools.count().__next__,
             kv_events=events,
-            eviction_policy=sc.get("options", {}).get("eviction_policy", "lru"),
+            eviction_policy=eviction_policy_of(sc),
         )
     warned = any("smaller than the device pool" in str(w.message) for w in caught)
     reqs: dict[str, Request] = {}
