@@ -64,11 +64,18 @@ def _token_array(token_ids: object, req: Request) -> TokenArray:
     return arr
 
 
-def request_key(req: Request) -> RadixKey:
+def request_key(req: Request, known: RadixKey | None = None) -> RadixKey:
     """RadixKey of all of ``req``'s tokens (multimodal spans substituted), in its namespace.
 
     Built from the request's int64 prompt array (kept on the request) and its output tokens.
+    known: a key this function built of the request's first tokens (its whole prompt at
+    least; tokens only grow): only the tokens after it are read and checked.
     """
+    if known is not None and len(known) >= req.num_prompt_tokens:
+        new = req.output_token_ids[len(known) - req.num_prompt_tokens :]
+        if not new:
+            return known
+        return RadixKey(np.concatenate([known.token_ids, _token_array(new, req)]), known.extra_key)
     arr = _token_array(req.prompt_array, req)
     if req.mm_hashes:
         arr = arr.copy()  # the request's prompt array is read-only and stays unsubstituted
@@ -85,6 +92,7 @@ class TreeMatch(Match):
 
     indices: SlotArray  # KV slots of the matched tokens, in token order
     last_node: TreeNode  # deepest node of the match (the root for none)
+    key: RadixKey | None = None  # request_key(request), which the admitted request keeps
 
 
 @dataclass(slots=True)
@@ -189,8 +197,9 @@ class RadixPrefixCache(RadixAdapter[_Live]):
 
     # ------------------------------------------------------------------ hooks
     def _match(self, req: Request) -> TreeMatch:
-        m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
-        return TreeMatch(self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node)
+        key = request_key(req)
+        m = self.tree.match_prefix(key[: req.num_tokens - 1])
+        return TreeMatch(self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, key)
 
     def _revalidate(self, match: Match) -> TreeMatch:
         """Eviction takes leaves first, so the deepest node of the match that still holds its
@@ -208,7 +217,7 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         if top is not self.tree.root_node:  # reset since: the whole old tree is gone
             node, length = self.tree.root_node, 0
         indices = m.indices[:length] if length else EMPTY_SLOTS
-        return TreeMatch(self, m.request, m.num_tokens, length, self.tree.version, indices, node)
+        return TreeMatch(self, m.request, m.num_tokens, length, self.tree.version, indices, node, m.key)
 
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _Live | None:
         m = cast(TreeMatch, match)
@@ -223,9 +232,9 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         assert new_pages is not None
         # [0, hit) tree pages (locked) | [hit, total) our own pages
         pages = PageTable(np.concatenate([self._pages_of(m.indices), new_pages]))
-        live = _Live(pages, m.tokens, m.last_node, 0, req.num_tokens)
+        live = _Live(pages, m.tokens, m.last_node, 0, req.num_tokens, key=m.key)
         if self.tree.learner is not None:
-            key = request_key(req)[: req.num_tokens - 1]  # what _match looked up
+            key = request_key(req, m.key)[: req.num_tokens - 1]  # what _match looked up
             live.seen = self.tree.learn_admission(key, m.tokens, m.last_node)
         return live
 
@@ -333,7 +342,7 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         the lock to the new last node."""
         p = self.page_size
         if live.key is None or len(live.key) < req.num_computed_tokens:
-            live.key = request_key(req)
+            live.key = request_key(req, live.key)
         raw = live.key[: req.num_computed_tokens]
         key = raw.maybe_to_bigram_view(self.is_eagle)[0].page_aligned(p)
         aligned = len(key)  # tokens (EAGLE: bigrams, one fewer than the raw tokens) whose KV goes in
@@ -348,7 +357,15 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         prompt = len(raw[: req.num_prompt_tokens].maybe_to_bigram_view(self.is_eagle)[0]) // p * p
         if 0 < prompt < aligned:
             lo = min(start, prompt)
-            self.tree.insert(key[:prompt], own[: prompt - lo], priority=1, hit_from=prompt, value_from=lo)
+            # the walk follows links down to the deepest node of ``end``'s path within the prompt
+            above = end
+            depth = aligned
+            while depth > prompt:
+                depth -= len(above.key)
+                above = above.parent  # type: ignore[assignment]
+            self.tree.insert(
+                key[:prompt], own[: prompt - lo], priority=1, hit_from=prompt, along=above, value_from=lo
+            )
         duplicates = live.pages[start // p : cached // p]
         # Past ``cached`` the tree holds our own slots (just inserted): only the duplicates'
         # slots are gathered.

@@ -150,10 +150,10 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             self.tree.version,
             d.indices,
             d.last_node,
-            m.best_node,
-            host,
-            loads,
-            pending,
+            best_node=m.best_node,
+            host_hit_length=host,
+            host_tokens=loads,
+            pending=pending,
         )
 
     def _revalidate(self, match: Match) -> HiTreeMatch:

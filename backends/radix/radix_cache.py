@@ -69,6 +69,10 @@ class RadixCache:
         self.is_eagle = is_eagle  # keys become bigram views at match / insert (key.py)
         self.policy: EvictionPolicy = make_policy(eviction_policy, capacity, lookups=learns)
         self.learner = self.policy if isinstance(self.policy, LearnedReuse) else None
+        # Only a policy with a ghost (arc, s3fifo, lrp) reads an edge's content id.
+        self.ghosts = self.learner is not None or any(
+            hasattr(self.policy, hook) for hook in ("admit", "forget")
+        )
         self.free_slots = free_slots if free_slots is not None else (lambda runs: None)
         self.clock = clock
         # SGLang's ``kv_events`` recorder (None: off); set before the first reset, which it records.
@@ -230,7 +234,8 @@ class RadixCache:
                 raise ValueError(f"insert: tokens [{pos}, {value_from}) are not cached and have no slots")
             def admitted(leaf: TreeNode) -> None:
                 leaf.hit_count = 1 if len(key) > hit_from else 0
-                admit(self.policy, leaf, self._content_id(leaf))
+                if self.ghosts:
+                    admit(self.policy, leaf, self._content_id(leaf))
 
             node = self._add_leaf(node, key[pos:], value[pos - value_from :], now, priority, admitted)
         return pos, node
@@ -420,10 +425,11 @@ class RadixCache:
                     self._split_node(leaf, len(leaf.key) - asked, leaf.last_access_time)
                     key = self._leaf_entry[leaf.id][0]
             note_eviction(self.policy, key)
-            content_id = self._content_id(leaf)
-            forget(self.policy, leaf, content_id)
-            if self.learner is not None:  # the ghost walks on from the edge's own node
-                self.learner.evicted(leaf, content_id, (leaf.id, len(leaf.key)))
+            if self.ghosts:
+                content_id = self._content_id(leaf)
+                forget(self.policy, leaf, content_id)
+                if self.learner is not None:  # the ghost walks on from the edge's own node
+                    self.learner.evicted(leaf, content_id, (leaf.id, len(leaf.key)))
             assert leaf.value is not None
             freed.append(leaf.value)
             evicted += len(leaf.value)
