@@ -34,10 +34,20 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "    return request.num_tokens - 1\n",
         "    return request.num_tokens\n",
     ),
+    "radix: a key extended by output tokens skips the first of them": (
+        "backends/radix/backend.py",
+        "        new = req.output_token_ids[len(known) - req.num_prompt_tokens :]\n",
+        "        new = req.output_token_ids[len(known) - req.num_prompt_tokens + 1 :]\n",
+    ),
+    "radix: the prompt re-insert walks along a node that ends past the prompt": (
+        "backends/radix/backend.py",
+        "            while depth > prompt:\n",
+        "            while depth - len(above.key) > prompt:\n",
+    ),
     "radix: no n-1 cap": (
         "backends/radix/backend.py",
-        "m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])",
-        "m = self.tree.match_prefix(request_key(req))",
+        "m = self.tree.match_prefix(key[: req.num_tokens - 1])",
+        "m = self.tree.match_prefix(key)",
     ),
     "hashchain: forward-order free": (
         "backends/hashchain/single_type_kv_cache_manager.py",
