@@ -21,7 +21,7 @@ from prefixcache.registry import available_backends, make_cache, register_backen
 from prefixcache.request import MultiModalSpan, Request
 from prefixcache.roofline import RooflineClock
 from prefixcache.scheduler import Schedule, Scheduler, available_schedulers, make_scheduler
-from prefixcache.synthesis import simulated_tokens
+from prefixcache.synthesis import hashes_to_token_ids, simulated_tokens
 
 __all__ = [
     "CacheConfig",
@@ -46,6 +46,7 @@ __all__ = [
     "available_backends",
     "available_schedulers",
     "eviction_policies",
+    "hashes_to_token_ids",
     "load_policy_spec",
     "make_cache",
     "make_scheduler",

@@ -7,10 +7,21 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import numpy.typing as npt
 
 from prefixcache.request import Request
 
 _MASK64 = (1 << 64) - 1
+
+
+def hashes_to_token_ids(x: npt.NDArray[np.uint64], vocab_size: int) -> npt.NDArray[np.int64]:
+    """``x % vocab_size`` as int64 token ids, computed in place as ``x - (x // vocab_size) *
+    vocab_size``: numpy divides uint64 by a scalar with a precomputed multiplier, while its
+    remainder divides element by element (2.5x slower). ``x`` is overwritten."""
+    quotient = x // np.uint64(vocab_size)
+    quotient *= np.uint64(vocab_size)
+    x -= quotient
+    return x.view(np.int64)  # < vocab_size: the same values as int64
 
 
 def simulated_tokens(seed: int, request_id: str, n: int, vocab_size: int) -> list[int]:
@@ -28,7 +39,7 @@ def simulated_tokens(seed: int, request_id: str, n: int, vocab_size: int) -> lis
         x ^= x >> np.uint64(27)
         x *= np.uint64(0x94D049BB133111EB)
         x ^= x >> np.uint64(31)
-    return (x % np.uint64(vocab_size)).tolist()  # type: ignore[no-any-return]
+    return hashes_to_token_ids(x, vocab_size).tolist()  # type: ignore[no-any-return]
 
 
 def output_tokens(req: Request, seed: int, vocab_size: int) -> list[int]:

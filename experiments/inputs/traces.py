@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from prefixcache import Request
+from prefixcache import Request, hashes_to_token_ids
 
 MOONCAKE_BLOCK = 512
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -173,12 +173,7 @@ def _blocks_tokens(hash_ids: Sequence[int], vocab_size: int) -> np.ndarray:
         x ^= np.right_shift(x, np.uint64(30), out=shifted)
         x *= np.uint64(0xBF58476D1CE4E5B9)
         x ^= np.right_shift(x, np.uint64(27), out=shifted)
-    # x % vocab_size as x - (x // vocab_size) * vocab_size: numpy divides by a scalar with a
-    # precomputed multiplier, while its uint64 remainder divides element by element (2.5x slower)
-    quotient = np.floor_divide(x, np.uint64(vocab_size), out=shifted)
-    quotient *= np.uint64(vocab_size)
-    x -= quotient
-    return x.view(np.int64)  # < vocab_size: the same values as int64
+    return hashes_to_token_ids(x, vocab_size)
 
 
 def mooncake_prompt(rec: TraceRecord, vocab_size: int = 32_000) -> list[int]:
