@@ -164,6 +164,11 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "shift = prefix_len % BLOCK_Q if ALIGN_Q else 0",
         "shift = 0",
     ),
+    "synthesis: a hash maps to the quotient's multiple, not the remainder": (
+        "prefixcache/synthesis.py",
+        "    x -= quotient\n",
+        "    x = quotient\n",
+    ),
     "request: a range read past the prompt starts the output at its first token": (
         "prefixcache/request.py",
         "            out += self._early_output[max(start - p, 0) : end - p]\n",
@@ -179,6 +184,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
 SUITES_BY_FILE = {
     "kernels/paged_attention.py": ["tests/test_kernel.py"],
     "prefixcache/request.py": ["tests/test_request.py", "tests/test_trace_hashes.py"],
+    "prefixcache/synthesis.py": ["tests/test_traces.py"],
 }
 # Mutant sets kept beside the suites that catch them: each module has MUTANTS (same shape as
 # above) and SUITES (what a mutant of it runs instead).

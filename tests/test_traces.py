@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prefixcache.experiments.inputs.traces import (
     MOONCAKE_BLOCK,
     TraceError,
@@ -16,6 +19,8 @@ from prefixcache.experiments.inputs.traces import (
     to_requests,
     write_mooncake,
 )
+
+from prefixcache import hashes_to_token_ids
 
 
 def test_mooncake_round_trip(tmp_path) -> None:
@@ -102,3 +107,16 @@ def test_a_trace_prompt_range_reads_as_the_built_prompt_without_building_it() ->
     assert [req.token_ids(s, e) for s, e in ranges] == [full[s:e] for s, e in ranges]
     assert req._make_prompt is not None, "a range read built the whole prompt"
     assert list(req.all_token_ids) == full
+
+
+@given(
+    st.lists(st.integers(0, 2**64 - 1), max_size=50),
+    st.one_of(st.integers(1, 300), st.sampled_from([32_000, 128_256, 2**40, 2**63 - 1])),
+)
+def test_hashes_map_to_token_ids_as_their_remainder(hashes: list[int], vocab_size: int) -> None:
+    """The trace tokens and the simulated outputs reduce 64-bit hashes to ids by division
+    (``hashes_to_token_ids``): the same ids as the remainder, for every hash and vocabulary."""
+    x = np.array(hashes, dtype=np.uint64)
+    ids = hashes_to_token_ids(x, vocab_size)
+    assert ids.dtype == np.int64
+    assert ids.tolist() == [h % vocab_size for h in hashes]
