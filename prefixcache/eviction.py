@@ -483,6 +483,12 @@ def make_index(policy: EvictionPolicy) -> SortedList | SegmentedIndex:
     return SegmentedIndex(policy) if getattr(policy, "segmented", False) else SortedList()
 
 
+def has_ghost(policy: EvictionPolicy) -> bool:
+    """Whether ``admit`` / ``forget`` reach the policy (a ghost of content ids: arc, s3fifo), so
+    that a cache computes an entry's content id only for such a policy."""
+    return hasattr(policy, "admit") or hasattr(policy, "forget")
+
+
 def admit(policy: EvictionPolicy, entry: Any, content_id: Hashable) -> None:
     """A new cached entry with ``content_id``: policies with a ghost (ARC, S3-FIFO) look it up."""
     hook = getattr(policy, "admit", None)

@@ -22,6 +22,7 @@ from prefixcache.eviction import (
     LearnedReuse,
     admit,
     forget,
+    has_ghost,
     keys_stay_fresh,
     make_index,
     make_policy,
@@ -70,9 +71,7 @@ class RadixCache:
         self.policy: EvictionPolicy = make_policy(eviction_policy, capacity, lookups=learns)
         self.learner = self.policy if isinstance(self.policy, LearnedReuse) else None
         # Only a policy with a ghost (arc, s3fifo, lrp) reads an edge's content id.
-        self.ghosts = self.learner is not None or any(
-            hasattr(self.policy, hook) for hook in ("admit", "forget")
-        )
+        self.ghosts = self.learner is not None or has_ghost(self.policy)
         self.free_slots = free_slots if free_slots is not None else (lambda runs: None)
         self.clock = clock
         # SGLang's ``kv_events`` recorder (None: off); set before the first reset, which it records.
