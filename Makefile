@@ -11,8 +11,10 @@ PYTEST := TRITON_INTERPRET=1 $(BIN)/python -m pytest
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	# torch first and exactly: an unpinned torch would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[test,paper,dev,ray,events]'
+	# No wheel cache: installed, the packages take 2.7 GB (triton 1.0, torch 0.75), and a CI
+	# machine has run out of disk mid-install; a second copy of the wheels is the part we control.
+	$(BIN)/pip install -q --no-cache-dir torch==2.13.0
+	$(BIN)/pip install -q --no-cache-dir -c constraints.txt -e '.[test,paper,dev,ray,events]'
 	touch $(STAMP)
 
 setup: $(STAMP)
