@@ -442,8 +442,8 @@ class Engine:
             if num_output < req.max_new_tokens:
                 if next_tokens is not None:
                     token = next_tokens[idx]
-                else:
-                    token = self._next_output_token(req, num_output)
+                else:  # the planned or simulated token at this output position
+                    token = self._output_tokens(req, num_output)[num_output]
                 req.append_output_token_ids(token)
                 num_output += 1
                 rec.output_tokens = num_output
@@ -666,11 +666,6 @@ class Engine:
         if rec.first_token_step is None:  # max_new_tokens == 0: prefill only
             rec.first_token_step, rec.first_token_time = self.step_count, self.clock
         self.num_finished += 1
-
-    def _next_output_token(self, req: Request, position: int) -> int:
-        """The planned or simulated token at output ``position``, the request's next (its
-        tokens are made on its first decode step and kept while it runs)."""
-        return self._output_tokens(req, position)[position]
 
     def _output_tokens(self, req: Request, position: int | None = None) -> list[int]:
         """``req``'s planned or simulated output tokens by position, one past those it has at

@@ -189,7 +189,7 @@ class PagePool:
             already = None
         if already is None or arr.min() < 1:
             raise ValueError(f"page ids must lie in [1, {self.num_pages}), got {arr.min()}..{arr.max()}")
-        if already.any() or self._has_repeats(arr):
+        if already.any() or (arr.size > 1 and self._has_repeats(arr)):
             raise ValueError(f"double free of pages {arr[self._is_free[arr]].tolist()[:8]} (or repeated ids)")
         self._is_free[arr] = True
 
