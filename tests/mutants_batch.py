@@ -24,6 +24,11 @@ MUTANTS = {
         "            self._put(np.concatenate(runs[::-1]))\n",
         "            self._put(arr)\n",
     ),
+    "batch: a free of two pages passes without the repeated-id check (only one page skips it)": (
+        "prefixcache/pool.py",
+        "        if already.any() or (arr.size > 1 and self._has_repeats(arr)):",
+        "        if already.any() or (arr.size > 2 and self._has_repeats(arr)):",
+    ),
     "engine: a deferred decoder's length read as it was when deferred (a router sees it stale)": (
         "prefixcache/engine.py",
         "        return req.num_tokens if deferred is None else "
