@@ -179,12 +179,18 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        (self._early_output if tokens is None else tokens).extend(token_ids)\n",
         "        self._early_output.extend(token_ids)\n",
     ),
+    "metrics: a run's frame built from the records' first fields only (the last column lost)": (
+        "experiments/analysis/metrics.py",
+        "    names = [f.name for f in dataclasses.fields(rows[0])]\n",
+        "    names = [f.name for f in dataclasses.fields(rows[0])][:-1]\n",
+    ),
 }
 # A mutant of these files runs these suites instead of SUITES (the kernel's own tests).
 SUITES_BY_FILE = {
     "kernels/paged_attention.py": ["tests/test_kernel.py"],
     "prefixcache/request.py": ["tests/test_request.py", "tests/test_trace_hashes.py"],
     "prefixcache/synthesis.py": ["tests/test_traces.py"],
+    "experiments/analysis/metrics.py": ["tests/test_metrics.py"],
 }
 # Mutant sets kept beside the suites that catch them: each module has MUTANTS (same shape as
 # above) and SUITES (what a mutant of it runs instead).

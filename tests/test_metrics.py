@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prefixcache.experiments.analysis.metrics import (
     block_hit_rate,
+    dataclass_frame,
     granularity_loss,
     records_frame,
     request_hit_rate,
@@ -13,6 +19,7 @@ from prefixcache.experiments.analysis.metrics import (
     token_hit_rate,
 )
 
+from prefixcache.cluster.simulator import RouteRecord
 from prefixcache.engine import CostModel, RequestRecord
 
 
@@ -58,6 +65,29 @@ def test_records_frame_is_tidy_with_derived_columns() -> None:
     df = records_frame(example())
     assert len(df) == 4 and {"ttft_s", "isolated_ttft_s", "cache_op_us"} <= set(df.columns)
     assert df.loc[df.request_id == "b", "ttft_s"].item() == pytest.approx(1.0)
+
+
+_maybe_int = st.none() | st.integers(-(2**62), 2**62)
+_maybe_time = st.none() | st.floats(allow_nan=False)
+_request_records = st.builds(
+    RequestRecord, st.text(max_size=3), st.floats(allow_nan=False), st.integers(0, 10**9),
+    st.integers(0, 10**6), admission_step=_maybe_int, admission_time=_maybe_time,
+    hit_tokens=st.integers(0, 10**9),
+    first_token_step=_maybe_int, first_token_time=_maybe_time, finish_step=_maybe_int,
+    finish_time=_maybe_time, cache_op_ns=st.integers(0, 2**62), rejected=st.booleans(),
+)
+_route_records = st.builds(
+    RouteRecord, st.text(max_size=3), st.integers(0, 8), st.floats(allow_nan=False), st.integers(0, 10**9),
+    st.text(max_size=2), st.integers(0, 10**9), st.integers(0, 10**9), hit_tokens=_maybe_int,
+    ttft_s=_maybe_time, rejected=st.booleans(),
+)
+
+
+@given(st.lists(_request_records, max_size=6) | st.lists(_route_records, max_size=6))
+def test_dataclass_frame_is_the_frame_of_the_records_as_dicts(rows: list) -> None:  # type: ignore[type-arg]
+    """Column by column, the same frame (values, dtypes, None and NaN where they fall) as
+    the one built from each record's asdict, which it replaces for speed."""
+    pd.testing.assert_frame_equal(dataclass_frame(rows), pd.DataFrame([dataclasses.asdict(r) for r in rows]))
 
 
 def test_granularity_loss_is_the_token_hit_modulo_the_page() -> None:

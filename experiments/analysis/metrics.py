@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -47,10 +48,21 @@ from prefixcache import CostModel, PrefixCache, RequestRecord
 from prefixcache.cost_model import Clock
 
 
+def dataclass_frame(rows: Sequence[Any]) -> pd.DataFrame:
+    """A row per instance of one flat dataclass (scalar fields) and a column per field: what
+    ``pd.DataFrame([dataclasses.asdict(r) for r in rows])`` gives, built a column at a time
+    (``asdict`` deep-copies each field of each row: 0.2 s for a whole trace's 12k request
+    records, 10x the columns' time)."""
+    if not rows:
+        return pd.DataFrame()
+    names = [f.name for f in dataclasses.fields(rows[0])]
+    return pd.DataFrame({name: list(map(attrgetter(name), rows)) for name in names})
+
+
 def records_frame(records: Sequence[RequestRecord], cost_model: Clock | None = None) -> pd.DataFrame:
     """One tidy row per request, with derived columns (ttft_s, isolated_ttft_s, cache_op_us)."""
     cost = cost_model or CostModel.measured()
-    df = pd.DataFrame([dataclasses.asdict(r) for r in records])
+    df = dataclass_frame(records)
     if df.empty:
         return df
     df["ttft_s"] = df["first_token_time"] - df["arrival_time"]

@@ -20,12 +20,11 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from prefixcache.experiments.analysis.metrics import block_hit_rate_of
+from prefixcache.experiments.analysis.metrics import block_hit_rate_of, dataclass_frame
 from prefixcache.experiments.inputs.workloads import make_workload
 from prefixcache.experiments.run_config import RunConfig
 
@@ -294,7 +293,7 @@ def run_engine(
     cache: PrefixCache, reqs: Sequence[Request], config: dict[str, Any]
 ) -> tuple[pd.DataFrame, Engine]:
     records, engine = run_config(config).run(cache, reqs)
-    df = pd.DataFrame([asdict(r) for r in records])
+    df = dataclass_frame(records)
     df["ttft_s"] = df["first_token_time"] - df["arrival_time"]
     df["latency_s"] = df["finish_time"] - df["arrival_time"]
     return df, engine

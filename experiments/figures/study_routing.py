@@ -42,7 +42,6 @@ import argparse
 import json
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
 from functools import partial
 from itertools import product
 from pathlib import Path
@@ -50,7 +49,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefixcache.experiments.analysis.metrics import grouped_ratio_ci95
+from prefixcache.experiments.analysis.metrics import dataclass_frame, grouped_ratio_ci95
 from prefixcache.experiments.analysis.routing import hit_rates, imbalance, prediction_error
 from prefixcache.experiments.figures.common import (
     MOONCAKE_TRACES,
@@ -302,7 +301,7 @@ def simulate_cluster(config: dict[str, Any]) -> tuple[dict[str, Any], pd.DataFra
     for cache in caches:  # every usable page accounted for in every replica
         if sum(cache.usage()) != cache.num_usable_pages():
             raise RuntimeError(f"{cell_name(config)}: page accounting broken: {cache.usage()}")
-    df = pd.DataFrame([asdict(r) for r in routes])
+    df = dataclass_frame(routes)
     ok = df[~df["rejected"]]
     hits = ok["hit_tokens"].to_numpy(dtype=float)
     prompts = ok["prompt_tokens"].to_numpy(dtype=float)
