@@ -243,9 +243,14 @@ class PagePool:
         return bool(self._is_free[page])
 
     def _merge_released(self) -> None:
-        """SGLang's ``merge_and_sort_free``: staged pages join the list, which is sorted."""
+        """SGLang's ``merge_and_sort_free``: staged pages join the list, which is sorted. By a
+        stable sort (timsort), which merges ascending runs as it finds them: the list is one
+        (with ``need_sort`` every free is staged and allocations take its front), and a freed
+        request's pages mostly are, as they were taken from the sorted list."""
         if self._released:
-            self._place(np.sort(self.free_list()))
+            merged = self.free_list()  # a new array: the list, then the staged pages
+            merged.sort(kind="stable")
+            self._place(merged)
             self._released = []
             self._num_released = 0
 

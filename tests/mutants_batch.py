@@ -24,6 +24,11 @@ MUTANTS = {
         "            self._put(np.concatenate(runs[::-1]))\n",
         "            self._put(arr)\n",
     ),
+    "batch: a need_sort merge that appends the staged pages to the list unsorted": (
+        "prefixcache/pool.py",
+        '            merged.sort(kind="stable")\n',
+        "",
+    ),
     "batch: a free of two pages passes without the repeated-id check (only one page skips it)": (
         "prefixcache/pool.py",
         "        if already.any() or (arr.size > 1 and self._has_repeats(arr)):",
