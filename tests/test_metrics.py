@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,7 +85,7 @@ _route_records = st.builds(
 
 
 @given(st.lists(_request_records, max_size=6) | st.lists(_route_records, max_size=6))
-def test_dataclass_frame_is_the_frame_of_the_records_as_dicts(rows: list) -> None:  # type: ignore[type-arg]
+def test_dataclass_frame_is_the_frame_of_the_records_as_dicts(rows: list[Any]) -> None:
     """Column by column, the same frame (values, dtypes, None and NaN where they fall) as
     the one built from each record's asdict, which it replaces for speed."""
     pd.testing.assert_frame_equal(dataclass_frame(rows), pd.DataFrame([dataclasses.asdict(r) for r in rows]))
