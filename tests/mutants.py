@@ -144,6 +144,11 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "return not node.evicted and node.lock_ref == 0 and not node.children",
         "return not node.evicted and not node.children",
     ),
+    "radix: a checkpoint's lock move leaves the new last node itself unpinned": (
+        "backends/radix/radix_cache.py",
+        "        return sum(self._pin(node) for node in below)  # bottom up, as inc_lock_ref goes\n",
+        "        return sum(self._pin(node) for node in below[1:])\n",
+    ),
     "radix: salt not in the namespace": (
         "backends/radix/backend.py",
         "return None if req.namespace == (None, None) else req.namespace",

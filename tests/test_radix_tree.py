@@ -261,6 +261,57 @@ def test_unbalanced_dec_lock_ref_raises_and_changes_nothing() -> None:
         t.dec_lock_ref(mid)
 
 
+def _lock_state(t: Any) -> tuple:
+    """Sizes, every node's lock count and the evictable leaves in eviction order, by path."""
+
+    def path(node: TreeNode) -> tuple[int, ...]:
+        tokens: list[int] = []
+        while node.parent is not None:
+            tokens[:0] = np.asarray(node.key.token_ids).tolist()
+            node = node.parent
+        return tuple(tokens)
+
+    locks = sorted((path(n), n.lock_ref) for n in t.tree.iter_nodes())
+    return t.evictable_size(), t.protected_size(), locks, [path(n) for n in t.tree.evictable_leaves()]
+
+
+def _branching_tree() -> Any:
+    t = make_tree()
+    for key in [K(1, 2, 3, 4, 5, 6), K(1, 2, 3, 7, 8), K(1, 2, 9), K(10, 11), K(10, 11, 12, 13)]:
+        t.insert(key)
+    t.inc_lock_ref(node_at(t, 1, 2, 3, 7, 8))  # another request's lock: counts above 1 too
+    return t
+
+
+_PATHS = [(), (1, 2), (1, 2, 3), (1, 2, 3, 4, 5, 6), (1, 2, 3, 7, 8), (1, 2, 9), (10, 11), (10, 11, 12, 13)]
+
+
+@pytest.mark.parametrize("old", _PATHS)
+@pytest.mark.parametrize("new", _PATHS)
+def test_move_lock_leaves_what_inc_lock_ref_then_dec_lock_ref_leave(old: tuple, new: tuple) -> None:
+    """A checkpoint moves its request's lock down its own path in one walk over the new nodes
+    only; from any locked node to any node (its path or not, the root too) the tree ends as
+    after the two calls, and the change in evictable size is theirs."""
+    at = lambda t, p: node_at(t, *p) if p else t.root_node  # noqa: E731
+    moved, called = _branching_tree(), _branching_tree()
+    for t in (moved, called):
+        t.inc_lock_ref(at(t, old))
+    delta = moved.move_lock(at(moved, old), at(moved, new))
+    expected = called.inc_lock_ref(at(called, new)) + called.dec_lock_ref(at(called, old))
+    assert delta == expected
+    assert _lock_state(moved) == _lock_state(called)
+
+
+def test_move_lock_from_an_unlocked_node_raises_and_changes_nothing() -> None:
+    t = _branching_tree()
+    before = _lock_state(t)
+    with pytest.raises(RuntimeError, match="unbalanced"):
+        t.move_lock(node_at(t, 1, 2, 9), node_at(t, 1, 2, 9))
+    with pytest.raises(RuntimeError, match="unbalanced"):
+        t.move_lock(node_at(t, 10, 11), node_at(t, 10, 11, 12, 13))  # an unlocked ancestor
+    assert _lock_state(t) == before
+
+
 # ---------------------------------------------------------------- evict
 
 

@@ -376,8 +376,7 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         self.pool.free(duplicates)
         # SGLang unlocks the old node, then locks the new one; the old path is a prefix of the
         # new, so locking first ends in the same state without unindexing and re-indexing it.
-        self.tree.inc_lock_ref(match.last_node)
-        self.tree.dec_lock_ref(live.last_node)
+        self.tree.move_lock(live.last_node, match.last_node)
         live.last_node, live.protected = match.last_node, aligned
 
     def _commit_batch(self, records: list[LiveRequest[_Live]]) -> None:

@@ -372,15 +372,43 @@ class RadixCache:
             raise ValueError(f"inc_lock_ref on evicted {node}")
         delta = 0
         while node is not self.root_node:
-            assert node.parent is not None and node.value is not None, f"{node} is not in this tree"
-            node.lock_ref += 1
-            if node.lock_ref == 1:  # only a count leaving 0 can take a node out of the leaf index
-                self.evictable_size_ -= len(node.value)
-                self.protected_size_ += len(node.value)
-                delta -= len(node.value)
-                self._update_leaf_status(node)
+            assert node.parent is not None, f"{node} is not in this tree"
+            delta += self._pin(node)
             node = node.parent
         return delta
+
+    def _pin(self, node: TreeNode) -> int:
+        """One more lock on ``node``; returns the change in evictable size."""
+        assert node.value is not None, f"{node} is not in this tree"
+        node.lock_ref += 1
+        if node.lock_ref > 1:
+            return 0
+        # only a count leaving 0 can take a node out of the leaf index
+        self.evictable_size_ -= len(node.value)
+        self.protected_size_ += len(node.value)
+        self._update_leaf_status(node)
+        return -len(node.value)
+
+    def move_lock(self, old: TreeNode, new: TreeNode) -> int:
+        """``inc_lock_ref(new)`` then ``dec_lock_ref(old)`` (a checkpoint moving a request's
+        lock down its own path). Where ``old`` is ``new`` or an ancestor, the shared path's
+        counts rise and fall by one without reaching 0 (``old`` is locked), so only the nodes
+        below ``old`` change: one walk over them, not two over the whole path. Elsewhere, the
+        two calls. Returns the change in evictable size."""
+        if self.disable:
+            return 0
+        below = []
+        node = new
+        while node is not old:
+            if node is self.root_node or node.parent is None:  # old is not on new's path
+                return self.inc_lock_ref(new) + self.dec_lock_ref(old)
+            below.append(node)
+            node = node.parent
+        if old is not self.root_node and old.lock_ref <= 0:
+            raise RuntimeError(f"unbalanced dec_lock_ref: {old} is not locked")
+        if new.evicted:
+            raise ValueError(f"inc_lock_ref on evicted {new}")
+        return sum(self._pin(node) for node in below)  # bottom up, as inc_lock_ref goes
 
     def dec_lock_ref(self, node: TreeNode) -> int:
         """Unpin what ``inc_lock_ref(node)`` pinned. Returns the change in evictable size.
