@@ -52,6 +52,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from itertools import repeat
 from typing import Any
 
 from prefixcache.arrivals import Arrivals
@@ -298,7 +299,7 @@ class Engine:
             if req.request_id not in self._in_prefill:  # decoding: the run of decodes from here
                 batch = self._decode_run(i, budget)
                 done = self._allocate_batch(batch)
-                scheduled.extend((r, 1) for r in batch[:done])
+                scheduled.extend(zip(batch[:done], repeat(1)))  # (a step of one token each)
                 budget -= done
                 i += done
                 if done == len(batch):
@@ -538,18 +539,20 @@ class Engine:
         if not steps:
             return
         self.deferred_decode_steps += steps
-        self._emit(req, steps - 1)  # the tokens the reservation covers must exist
+        # Every token of the deferred steps at once, the last step's too: the reservation's
+        # must exist, and the commit of steps inside held pages publishes nothing, so the one
+        # token more that it sees changes nothing (one call, not one before and one after).
+        self._emit(req, steps)
         self._timed(req, self.cache.advance_in_place, req, steps)
         req.num_computed_tokens += steps
         self._timed(req, self.cache.commit)
-        self._emit(req, 1)
         self.records[req.request_id].output_tokens = req.num_output_tokens
 
     def _deferred_run_end(self, start: int) -> int:
         """The end of the run of deferred decoders in ``running`` from ``start``."""
         running, deferred = self.running, self._deferred
-        end = start + 1
-        while end < len(running) and running[end].request_id in deferred:
+        end, count = start + 1, len(running)
+        while end < count and running[end].request_id in deferred:
             end += 1
         return end
 

@@ -311,6 +311,9 @@ class PrefixCache(ABC, Generic[S]):
             _check_count("num_new_tokens", num_new_tokens, minimum=1)
         records = []
         live_of = self._live
+        # _check_fits' bound once it is known, where the check is the base's: then a total
+        # within it and the request's tokens needs no call (a decode batch checks every request)
+        bound = self._fit_limit if type(self)._check_fits is PrefixCache._check_fits else None
         for req in reqs:
             try:
                 live = live_of.get(req.request_id)
@@ -322,7 +325,8 @@ class PrefixCache(ABC, Generic[S]):
             if total > live.reserved:
                 if req.num_computed_tokens > live.reserved:
                     raise _computed_past_room(live)
-                self._check_fits(req, total)
+                if bound is None or total > bound or total > req.num_tokens:
+                    self._check_fits(req, total)
             records.append(live)
         evicted: list[tuple[int, int]] = []
         done = self._extend_batch(records, num_new_tokens, evicted)

@@ -55,6 +55,16 @@ MUTANTS = {
         "                    opened.reserved += 1\n",
         "                    opened.reserved += 2\n",
     ),
+    "batch: a radix run of page-opening steps that takes in a step inside its last page": (
+        "backends/radix/backend.py",
+        "            if computed < live.reserved or computed < state.prefill_end or computed != len(state.pages) * p:",
+        "            if computed < live.reserved or computed < state.prefill_end or computed > len(state.pages) * p:",
+    ),
+    "engine: a deferred decoder taken up without its last step's token": (
+        "prefixcache/engine.py",
+        "        self._emit(req, steps)\n",
+        "        self._emit(req, steps - 1)\n",
+    ),
     "batch: a radix run of page-opening steps past the ready pages (an eviction skipped)": (
         "backends/radix/backend.py",
         "        end = min(len(records), start + limit)",

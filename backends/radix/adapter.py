@@ -28,10 +28,11 @@ def page_slots(pages: PageIds, page_size: int) -> SlotArray:
 
 
 def slot_pages(slots: SlotArray, page_size: int) -> PageIds:
-    """Page ids of whole-page slot runs (slot // page_size at each page start); always a new
-    array, which callers may keep."""
+    """Page ids of whole-page slot runs (slot // page_size at each page start). At page size 1
+    that is ``slots`` itself, not a copy (every caller frees, compares or stores the ids into
+    a page table at once; one that kept them would copy)."""
     if page_size == 1:
-        return slots.copy()
+        return slots
     return slots[::page_size] // page_size  # type: ignore[no-any-return]
 
 

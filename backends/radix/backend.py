@@ -275,13 +275,6 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         state.decoding = True
         return True
 
-    def _opens_page(self, live: LiveRequest[_Live]) -> bool:
-        """Whether the live request's next step is a decode step that opens exactly one page."""
-        req, state = live.request, live.state
-        total = req.num_computed_tokens + 1
-        return (total > live.reserved and req.num_computed_tokens >= state.prefill_end
-                and total == len(state.pages) * self.page_size + 1)
-
     def _extend_batch(
         self, records: list[LiveRequest[_Live]], num_new_tokens: int, evicted: list[tuple[int, int]]
     ) -> int:
@@ -293,9 +286,8 @@ class RadixPrefixCache(RadixAdapter[_Live]):
             return super()._extend_batch(records, num_new_tokens, evicted)
         k, count = 0, len(records)
         while k < count:
-            if self._opens_page(records[k]) and self._calm():
-                # (a batch of one, the per-request allocate, needs no run: its page is the alloc)
-                run = 1 if k + 1 == count else self._page_opening_run(records, k, self.pool.num_ready)
+            run = self._page_opening_run(records, k, self.pool.num_ready)
+            if run and self._calm():
                 pages = self.pool.alloc(run)  # none merges: a run stops at the ready pages
                 assert pages is not None
                 for opened, page in zip(records[k : k + run], pages.tolist(), strict=True):
@@ -310,12 +302,19 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         return count
 
     def _page_opening_run(self, records: list[LiveRequest[_Live]], start: int, limit: int) -> int:
-        """How many records from ``start`` on (one at least: ``start`` opens a page; at most
+        """How many records from ``start`` on (none if ``start``'s step does not; at most
         ``limit``, the pages ready in the free list, so no allocation of the run evicts or
-        merges) are decode steps that each open one page."""
+        merges) are decode steps that each open one page: past the request's admission and
+        its reservation, its next token is the first of a page it does not hold yet. (A loop
+        of its own, with no call per record: at page size 1 it runs for every decode token.)"""
+        p = self.page_size
         end = min(len(records), start + limit)
-        k = start + 1
-        while k < end and self._opens_page(records[k]):
+        k = start
+        while k < end:
+            live = records[k]
+            computed, state = live.request.num_computed_tokens, live.state
+            if computed < live.reserved or computed < state.prefill_end or computed != len(state.pages) * p:
+                break
             k += 1
         return k - start
 

@@ -209,9 +209,11 @@ class RadixCache:
         end = len(key)
         if along is not None:
             for child in self._path_from_root(along):
-                child.last_access_time = now  # as _descend stamps and re-sorts it
-                self._refresh(child)
-                child.priority = max(child.priority, priority)
+                # stamped as _descend stamps, updated as the walk below; re-sorted once, after
+                # every field changed (a leaf's place is a function of the node)
+                child.last_access_time = now
+                if priority > child.priority:
+                    child.priority = priority
                 assert child.value is not None
                 pos += len(child.value)  # a slot per token of its key
                 if pos > hit_from:
