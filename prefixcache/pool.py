@@ -36,12 +36,13 @@ queue (vLLM's ``FreeKVCacheBlockQueue``) over the same id space and size.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 PageIds = npt.NDArray[np.int64]
+HELD = -1  # PagePool._free_mark of a page that is not free
 
 
 class PageUsage(NamedTuple):
@@ -61,7 +62,7 @@ class PageUsage(NamedTuple):
 class PagePool:
     __slots__ = (
         "num_pages", "need_sort", "append_freed", "_buf", "_head", "_tail",
-        "_released", "_num_released", "_is_free", "_mark", "_positions", "_group", "_num_grouped",
+        "_released", "_num_released", "_free_mark", "_positions", "_group", "_num_grouped",
     )
 
     def __init__(self, num_pages: int, *, need_sort: bool = False, page_size: int = 1) -> None:
@@ -74,20 +75,20 @@ class PagePool:
         # SGLang's token allocator (page size 1) appends freed slots; its paged one prepends.
         self.append_freed = page_size == 1
         try:
-            self._is_free = np.ones(num_pages, dtype=bool)
-            self._buf: PageIds = np.empty(2 * num_pages, dtype=np.int64)
-            # Scratch for the repeated-id check in free(); its contents never matter between
-            # calls. int32 where positions fit: half the memory its random writes touch.
+            # A page's free flag and the repeated-id check's scratch in one array (_flag_freed):
+            # HELD (-1) while held, >= 0 while free. int32 where positions fit: half the memory
+            # that a free's random reads and writes touch.
             index = np.int32 if num_pages <= np.iinfo(np.int32).max else np.int64
-            self._mark = np.zeros(num_pages, dtype=index)
+            self._free_mark = np.zeros(num_pages, dtype=index)
+            self._buf: PageIds = np.empty(2 * num_pages, dtype=np.int64)
             self._positions = np.arange(0, dtype=index)  # 0, 1, 2, ...: grown as frees need
         except MemoryError:
-            gib = num_pages * 29 / 2**30  # bytes a page: 1 (is_free) + 16 (free list) + 4 + 4 (scratch)
+            gib = num_pages * 24 / 2**30  # bytes a page: 4 (free mark) + 16 (free list) + 4 (positions)
             raise ValueError(
                 f"a pool of {num_pages} pages needs about {gib:.1f} GiB of bookkeeping, more than "
                 "this machine can allocate; lower the capacity (or raise the page size)"
             ) from None
-        self._is_free[0] = False  # the reserved page is never free, never allocated
+        self._free_mark[0] = HELD  # the reserved page is never free, never allocated
         self._head = self._tail = 0
         self._place(np.arange(1, num_pages, dtype=np.int64))
         self._released: list[PageIds] = []
@@ -141,7 +142,7 @@ class PagePool:
             self._merge_released()
         pages = self._buf[self._head : self._head + n].copy()
         self._head += n
-        self._is_free[pages] = False
+        self._free_mark[pages] = HELD
         return pages
 
     def would_merge(self, n: int, merge_if_over: int | None = None) -> bool:
@@ -182,16 +183,28 @@ class PagePool:
             self._put(np.concatenate(runs[::-1]))
 
     def _flag_freed(self, arr: PageIds) -> None:
-        """Mark ``arr`` free; ValueError (nothing changed) on page 0, unknown, free or repeated ids."""
+        """Mark ``arr`` free; ValueError (nothing changed) on page 0, unknown, free or repeated ids.
+
+        Marking writes each page's position in ``arr`` under it, which is also the check for a
+        repeated id, in O(len(arr)) (np.unique would sort): a repeated id keeps only one of its
+        positions (whichever numpy writes last), so reading back cannot give every position."""
         try:
-            already = self._is_free[arr]  # IndexError past the last page
+            marks = self._free_mark[arr]  # IndexError past the last page
         except IndexError:
-            already = None
-        if already is None or arr.min() < 1:
+            marks = None
+        if marks is None or arr.min() < 1:
             raise ValueError(f"page ids must lie in [1, {self.num_pages}), got {arr.min()}..{arr.max()}")
-        if already.any() or (arr.size > 1 and self._has_repeats(arr)):
-            raise ValueError(f"double free of pages {arr[self._is_free[arr]].tolist()[:8]} (or repeated ids)")
-        self._is_free[arr] = True
+        if marks.max() != HELD:
+            raise ValueError(f"double free of pages {arr[marks != HELD].tolist()[:8]}")
+        if arr.size == 1:
+            self._free_mark[arr] = 0
+            return
+        positions = self._positions_for(arr.size)
+        self._free_mark[arr] = positions
+        if (self._free_mark[arr] != positions).any():
+            self._free_mark[arr] = HELD  # as it was: every one was held
+            ids, counts = np.unique(arr, return_counts=True)
+            raise ValueError(f"double free of pages {ids[counts > 1].tolist()[:8]} (repeated in one call)")
 
     def _put(self, arr: PageIds) -> None:
         """Place freed (already flagged) pages as one free call of SGLang's allocator."""
@@ -216,19 +229,15 @@ class PagePool:
         self._buf[start : start + ids.size] = ids
         self._head, self._tail = start, start + ids.size
 
-    def _has_repeats(self, arr: PageIds) -> bool:
-        """Whether an id occurs twice in ``arr``, in O(len(arr)) (np.unique would sort): write
-        each position under its id; a repeated id keeps only one of its positions (whichever
-        numpy writes last), so reading back cannot give every position."""
-        if arr.size > self._positions.size:
-            self._positions = np.arange(max(arr.size, 2 * self._positions.size), dtype=self._mark.dtype)
-        positions = self._positions[: arr.size]
-        self._mark[arr] = positions
-        return bool((self._mark[arr] != positions).any())
+    def _positions_for(self, n: int) -> npt.NDArray[Any]:
+        """0, 1, ..., n - 1 (a view of one array, grown by doubling)."""
+        if n > self._positions.size:
+            self._positions = np.arange(max(n, 2 * self._positions.size), dtype=self._free_mark.dtype)
+        return self._positions[:n]
 
     def free_page_ids(self) -> PageIds:
         """All free page ids (for invariant checks; O(num_pages))."""
-        return np.flatnonzero(self._is_free).astype(np.int64)
+        return np.flatnonzero(self._free_mark != HELD).astype(np.int64)
 
     def free_list(self) -> PageIds:
         """The free list in allocation order, then the staged pages (a copy; for tests); a
@@ -240,7 +249,7 @@ class PagePool:
         return np.concatenate([*held, listed])
 
     def is_free(self, page: int) -> bool:
-        return bool(self._is_free[page])
+        return bool(self._free_mark[page] != HELD)
 
     def _merge_released(self) -> None:
         """SGLang's ``merge_and_sort_free``: staged pages join the list, which is sorted. By a
@@ -258,9 +267,9 @@ class PagePool:
         """Free list and free flags agree (AssertionError otherwise)."""
         listed = self.free_list()
         assert len(np.unique(listed)) == listed.size, "a page is listed free twice"
-        assert listed.size == int(self._is_free.sum()), "free list and free flags disagree"
-        assert bool(self._is_free[listed].all()), "a listed page is not flagged free"
-        assert not self._is_free[0], "page 0 is reserved and must never be free"
+        assert listed.size == int((self._free_mark != HELD).sum()), "free list and free flags disagree"
+        assert bool((self._free_mark[listed] != HELD).all()), "a listed page is not flagged free"
+        assert self._free_mark[0] == HELD, "page 0 is reserved and must never be free"
 
 
 class PageTable:

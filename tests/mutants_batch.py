@@ -31,8 +31,13 @@ MUTANTS = {
     ),
     "batch: a free of two pages passes without the repeated-id check (only one page skips it)": (
         "prefixcache/pool.py",
-        "        if already.any() or (arr.size > 1 and self._has_repeats(arr)):",
-        "        if already.any() or (arr.size > 2 and self._has_repeats(arr)):",
+        "        if arr.size == 1:\n            self._free_mark[arr] = 0\n",
+        "        if arr.size <= 2:\n            self._free_mark[arr] = 0\n",
+    ),
+    "batch: a free refused for a repeated id leaves its pages flagged free": (
+        "prefixcache/pool.py",
+        "            self._free_mark[arr] = HELD  # as it was: every one was held\n",
+        "            pass\n",
     ),
     "engine: a deferred decoder's length read as it was when deferred (a router sees it stale)": (
         "prefixcache/engine.py",
@@ -57,8 +62,8 @@ MUTANTS = {
     ),
     "batch: a radix run of page-opening steps that takes in a step inside its last page": (
         "backends/radix/backend.py",
-        "            if computed < live.reserved or computed < state.prefill_end or computed != len(state.pages) * p:",
-        "            if computed < live.reserved or computed < state.prefill_end or computed > len(state.pages) * p:",
+        "or computed != len(state.pages) * p:",
+        "or computed > len(state.pages) * p:",
     ),
     "engine: a deferred decoder taken up without its last step's token": (
         "prefixcache/engine.py",
