@@ -130,7 +130,9 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._in_prefill: set[str] = set()
-        self._outputs: dict[str, list[int]] = {}  # request id -> its output tokens, while running
+        # request id -> every output token it will emit (synthesis.output_tokens), from its
+        # admission to its finish: a step reads its next token by position, with no call
+        self._outputs: dict[str, list[int]] = {}
         self.clock = 0.0
         self.step_count = 0
         self.num_finished = 0
@@ -377,6 +379,7 @@ class Engine:
                 rec.hit_tokens = req.num_computed_tokens
             self.running.append(req)
             self._in_prefill.add(req.request_id)
+            self._plan_outputs(req)
             admitted.add(req.request_id)
             loaded = tier.loaded_tokens(req) if tier is not None else 0
             if loaded and not self._start_load(req, loaded):
@@ -444,7 +447,7 @@ class Engine:
                 if next_tokens is not None:
                     token = next_tokens[idx]
                 else:  # the planned or simulated token at this output position
-                    token = self._output_tokens(req, num_output)[num_output]
+                    token = self._outputs[req.request_id][num_output]
                 req.append_output_token_ids(token)
                 num_output += 1
                 rec.output_tokens = num_output
@@ -670,22 +673,16 @@ class Engine:
             rec.first_token_step, rec.first_token_time = self.step_count, self.clock
         self.num_finished += 1
 
-    def _output_tokens(self, req: Request, position: int | None = None) -> list[int]:
-        """``req``'s planned or simulated output tokens by position, one past those it has at
-        least (a planned output shorter than ``max_new_tokens`` goes on simulated);
-        ``position``: its number of output tokens, when the caller knows it."""
-        tokens = self._outputs.get(req.request_id)
-        if tokens is None or (req.num_output_tokens if position is None else position) >= len(tokens):
-            tokens = self._outputs[req.request_id] = output_tokens(req, self.seed, self.vocab_size)
-        return tokens
+    def _plan_outputs(self, req: Request) -> None:
+        """Make the admitted ``req``'s output tokens, once (a preempted request keeps them)."""
+        if self.model is None and req.request_id not in self._outputs:
+            self._outputs[req.request_id] = output_tokens(req, self.seed, self.vocab_size)
 
     def _emit(self, req: Request, n: int) -> None:
-        """Append ``req``'s next ``n`` output tokens, as ``n`` steps one by one would."""
-        while n > 0:
-            tokens, k = self._output_tokens(req), req.num_output_tokens
-            chunk = tokens[k : k + n]
-            req.append_known_output(chunk)  # made by output_tokens: checked there
-            n -= len(chunk)
+        """Append ``req``'s next ``n`` output tokens (within its ``max_new_tokens``), as ``n``
+        steps one by one would."""
+        k = req.num_output_tokens
+        req.append_known_output(self._outputs[req.request_id][k : k + n])  # checked where made
 
     def _run_model(self, scheduled: list[tuple[Request, int]]) -> list[int]:
         from prefixcache.model import SeqChunk  # model mode only: torch stays out of simulation

@@ -43,9 +43,11 @@ def simulated_tokens(seed: int, request_id: str, n: int, vocab_size: int) -> lis
 
 
 def output_tokens(req: Request, seed: int, vocab_size: int) -> list[int]:
-    """Every output token of ``req`` by output position (at least one past those it has)."""
-    planned = req.planned_output_ids
-    k = req.num_output_tokens
-    if planned is not None and k < len(planned):
-        return list(planned)
-    return simulated_tokens(seed, req.request_id, max(req.max_new_tokens, k + 1), vocab_size)
+    """Every output token of ``req`` by output position, ``max(max_new_tokens, k + 1)`` of them
+    for a request that has k (a longer plan whole): its planned ones, then (past a planned
+    output, or without one) the simulated ones of those positions."""
+    n = max(req.max_new_tokens, req.num_output_tokens + 1)
+    planned = list(req.planned_output_ids or ())
+    if len(planned) >= n:
+        return planned
+    return planned + simulated_tokens(seed, req.request_id, n, vocab_size)[len(planned) :]

@@ -174,6 +174,11 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "    x -= quotient\n",
         "    x = quotient\n",
     ),
+    "synthesis: past a planned output, the simulated tokens start at their first position": (
+        "prefixcache/synthesis.py",
+        "    return planned + simulated_tokens(seed, req.request_id, n, vocab_size)[len(planned) :]\n",
+        "    return planned + simulated_tokens(seed, req.request_id, n - len(planned), vocab_size)\n",
+    ),
     "request: a range read past the prompt starts the output at its first token": (
         "prefixcache/request.py",
         "            out += self._early_output[max(start - p, 0) : end - p]\n",

@@ -20,7 +20,8 @@ from prefixcache.experiments.inputs.traces import (
     write_mooncake,
 )
 
-from prefixcache import hashes_to_token_ids
+from prefixcache import Request, hashes_to_token_ids
+from prefixcache.synthesis import output_tokens, simulated_tokens
 
 
 def test_mooncake_round_trip(tmp_path) -> None:
@@ -120,3 +121,28 @@ def test_hashes_map_to_token_ids_as_their_remainder(hashes: list[int], vocab_siz
     ids = hashes_to_token_ids(x, vocab_size)
     assert ids.dtype == np.int64
     assert ids.tolist() == [h % vocab_size for h in hashes]
+
+
+@given(
+    planned=st.none() | st.lists(st.integers(0, 999), max_size=12),
+    max_new=st.integers(0, 16),
+    have=st.integers(0, 20),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_output_tokens_are_the_planned_ones_then_the_simulated_ones_of_each_position(
+    planned: list[int] | None, max_new: int, have: int, seed: int
+) -> None:
+    """The engine reads a request's next output token by position from one list made at its
+    admission: its planned tokens, then, past them, the simulated token of each position (a
+    function of seed, request id and position only), ``max(max_new_tokens, k + 1)`` of them at
+    least (a longer plan is kept whole)."""
+    req = Request("r", [1, 2, 3], max_new_tokens=max_new, planned_output_ids=planned)
+    req.append_output_token_ids([5] * have)
+    tokens = output_tokens(req, seed, 1000)
+    n = max(max_new, have + 1)
+    assert len(tokens) == max(n, len(planned or ()))
+    for pos, token in enumerate(tokens):
+        expected = planned[pos] if planned is not None and pos < len(planned) else (
+            simulated_tokens(seed, "r", pos + 1, 1000)[pos]
+        )
+        assert token == expected, pos
