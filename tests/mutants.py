@@ -129,11 +129,6 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "while taken < steps and not (taken and next_arrival is not None and next_arrival <= clock):",
         "while taken < steps:",
     ),
-    "radix: a decode stretch while the pool must evict for it": (
-        "backends/radix/backend.py",
-        "        return self.pool.num_free > 0 and not self.pool.would_merge(0, 1)\n",
-        "        return not self.pool.would_merge(0, 1)\n",
-    ),
     "hashchain: a ranked eviction policy may evict a block in use": (
         "backends/hashchain/eviction.py",
         "        self._drop(block)\n        if self.learner is not None:\n            self.learner.reused(",

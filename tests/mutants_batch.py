@@ -132,6 +132,14 @@ MUTANTS = {
         "                    self._take_up(victim)  # (after req: it has not decoded this step)",
         "                    self._deferred.pop(victim.request_id)",
     ),
+    # Moved here from tests/mutants.py: the default suites caught it only through an assertion
+    # of the page-opening run, which now stops at the ready pages; the engine goldens catch the
+    # decode stretches and in-place steps it lets through with no page free.
+    "radix: a decode stretch while the pool must evict for it": (
+        "backends/radix/backend.py",
+        "        return self.pool.num_free > 0 and not self.pool.would_merge(0, 1)\n",
+        "        return not self.pool.would_merge(0, 1)\n",
+    ),
     "radix: an in-page decode step counted in place while no page is free": (
         "backends/radix/backend.py",
         "        return self._calm()\n",
