@@ -82,6 +82,11 @@ MUTANTS = {
         "        return coordinator.extends_in_place(req.request_id, total_tokens, "
         "min(total_tokens, req.num_tokens) - 1)",
     ),
+    "batch: a decode batch's fit check skipped for a total past the whole pool": (
+        "prefixcache/interface.py",
+        "                if bound is None or total > bound or total > req.num_tokens:\n",
+        "                if bound is None or total > req.num_tokens:\n",
+    ),
     "batch: an eviction charged to the wrong request of the batch": (
         "prefixcache/interface.py",
         "            evicted.append((index, self.stats.evicted_tokens - before))",

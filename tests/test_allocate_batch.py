@@ -97,3 +97,22 @@ def test_a_batch_checks_every_request_before_it_changes_anything() -> None:
     with pytest.raises(ValueError, match="num_new_tokens"):
         cache.allocate_batch([a], 0)
     assert cache.allocate_batch([], 1).done == 0
+
+
+@pytest.mark.parametrize(("backend", "page", "options"), CASES, ids=[_label(*c) for c in CASES])
+def test_a_batched_step_past_the_whole_pool_is_refused_and_changes_nothing(
+    backend: str, page: int, options: dict
+) -> None:
+    """A request that fills every usable page and then decodes asks for one token more than
+    the cache can ever hold: ``allocate_batch`` raises, as ``allocate`` does, before anything
+    changes (its check skips the call for totals within the pool's bound, never past it)."""
+    cache = make_cache(backend, CacheConfig(6 * page, page), **options)
+    req = Request("big", list(range(1, cache.num_usable_pages() * page + 1)))
+    assert cache.allocate(req, req.num_tokens)
+    req.num_computed_tokens = req.num_tokens
+    cache.commit(req)
+    req.append_output_token_ids(7)
+    before = full_state(cache)
+    with pytest.raises(ValueError, match="but the whole cache holds"):
+        cache.allocate_batch([req], 1)
+    assert full_state(cache) == before
