@@ -189,6 +189,16 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "    names = [f.name for f in dataclasses.fields(rows[0])]\n",
         "    names = [f.name for f in dataclasses.fields(rows[0])][:-1]\n",
     ),
+    "trace hashes: a store saved again writes its earlier rows twice (the new file not re-read)": (
+        "experiments/inputs/trace_hashes.py",
+        '        self._row_of[rows["node"]] = np.arange(len(rows))\n',
+        "",
+    ),
+    "trace hashes: a store whose rows name a node twice is read": (
+        "experiments/inputs/trace_hashes.py",
+        "        if np.unique(nodes).size != nodes.size:\n",
+        "        if False:\n",
+    ),
 }
 # A mutant of these files runs these suites instead of SUITES (the kernel's own tests).
 SUITES_BY_FILE = {
@@ -196,6 +206,7 @@ SUITES_BY_FILE = {
     "prefixcache/request.py": ["tests/test_request.py", "tests/test_trace_hashes.py"],
     "prefixcache/synthesis.py": ["tests/test_traces.py"],
     "experiments/analysis/metrics.py": ["tests/test_metrics.py"],
+    "experiments/inputs/trace_hashes.py": ["tests/test_trace_hashes.py"],
 }
 # Mutant sets kept beside the suites that catch them: each module has MUTANTS (same shape as
 # above) and SUITES (what a mutant of it runs instead).

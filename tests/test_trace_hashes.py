@@ -84,11 +84,10 @@ def test_a_store_that_does_not_verify_is_computed_again(tmp_path: Path) -> None:
     for r in iter_requests(RECORDS):
         known_hashes(r, 16, "sha256", first)
     first.save()
-    (path,) = tmp_path.glob("*.npz")
-    with np.load(path) as data:
-        done, hashes = data["done"], data["hashes"].copy()
-    hashes[:] = 7  # as if another pickle had made it
-    np.savez(path, done=done, hashes=hashes)
+    (path,) = tmp_path.glob("*.npy")
+    rows = np.load(path)
+    rows["hashes"][:] = 7  # as if another pickle had made it
+    np.save(path, rows)
     second = TracePromptHashes(RECORDS, directory=tmp_path)
     for r in iter_requests(RECORDS):
         assert known_hashes(r, 16, "sha256", second) == computed_hashes(r, 16, "sha256")
@@ -130,3 +129,61 @@ def test_hashchain_runs_give_the_same_records_with_the_store(tmp_path: Path, tra
     warm = TracePromptHashes(records, directory=tmp_path)
     assert run(warm) == expected
     assert warm.computed == 0 and warm.read > 0
+
+
+def test_a_warm_store_reads_only_the_rows_its_requests_reach(tmp_path: Path) -> None:
+    first = TracePromptHashes(RECORDS, directory=tmp_path)
+    for r in iter_requests(RECORDS):
+        known_hashes(r, 16, "sha256", first)
+    first.save()
+    warm = TracePromptHashes(RECORDS, directory=tmp_path)
+    req = list(iter_requests(RECORDS))[3]  # hash ids (5, 6): two trie nodes of their own
+    assert known_hashes(req, 16, "sha256", warm) == computed_hashes(req, 16, "sha256")
+    (store,) = warm._stores.values()
+    assert isinstance(store._mapped, np.memmap)
+    # its blocks' rows, and the first root's, which opening the store checks against a hash
+    assert [n for n, b in enumerate(store.nodes) if b is not None] == [0, *warm.paths[3]]
+    assert warm.computed == 0 and warm.read == 700 // 16
+
+
+def test_stores_saved_again_after_more_requests_hold_each_block_once(tmp_path: Path) -> None:
+    reqs = list(iter_requests(RECORDS))
+    store = TracePromptHashes(RECORDS, directory=tmp_path)
+    known_hashes(reqs[0], 16, "sha256", store)
+    store.save()
+    for r in reqs[1:3]:  # the same store object computes more, and saves again
+        known_hashes(r, 16, "sha256", store)
+    store.save()
+    warm = TracePromptHashes(RECORDS, directory=tmp_path)
+    for r in reqs[3:]:
+        known_hashes(r, 16, "sha256", warm)
+    warm.save()
+    (path,) = tmp_path.glob("*.npy")
+    nodes = np.load(path)["node"]
+    # every block that holds a whole unit, once (the 1-token last block of record 4 holds none)
+    assert sorted(nodes.tolist()) == list(range(len(warm.parents) - 1))
+    last = TracePromptHashes(RECORDS, directory=tmp_path)
+    for r in iter_requests(RECORDS):
+        assert known_hashes(r, 16, "sha256", last) == computed_hashes(r, 16, "sha256")
+    assert last.computed == 0
+
+
+@pytest.mark.parametrize("damage", ["node out of range", "node twice", "other row type"])
+def test_a_store_with_bad_rows_is_not_read(tmp_path: Path, damage: str) -> None:
+    first = TracePromptHashes(RECORDS, directory=tmp_path)
+    for r in iter_requests(RECORDS):
+        known_hashes(r, 16, "sha256", first)
+    first.save()
+    (path,) = tmp_path.glob("*.npy")
+    rows = np.load(path)
+    if damage == "node out of range":
+        rows["node"][0] = len(first.parents)
+    elif damage == "node twice":
+        rows["node"][3] = rows["node"][2]  # two blocks under (1, 2): not the root it checks
+    else:
+        rows = rows["hashes"]
+    np.save(path, rows)
+    again = TracePromptHashes(RECORDS, directory=tmp_path)
+    for r in iter_requests(RECORDS):
+        assert known_hashes(r, 16, "sha256", again) == computed_hashes(r, 16, "sha256")
+    assert again.computed == (len(first.parents) - 1) * 32 and again.read > 0  # nothing trusted

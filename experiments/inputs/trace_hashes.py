@@ -7,7 +7,8 @@ hash ids are the same in every request that shares the prefix, in every cell of 
 every rerun. ``TracePromptHashes`` computes each such block's hashes once (a node of the trie
 over hash-id prefixes), lazily, and ``save`` keeps them in a store keyed by all of that (the
 records' content, vocabulary, tokens per hash, hash function, NONE_HASH, Python's pickle), which
-later runs memory-map and read instead of hashing. The hashchain backend takes it as
+later runs memory-map and read instead of hashing: a run reads the rows of the blocks its
+requests reach, when they reach them, and nothing else of the file. The hashchain backend takes it as
 ``known_prompt_hashes``: hashes read equal hashes computed (tests/test_trace_hashes.py), so a
 run's results do not change, only its hashing time.
 
@@ -31,7 +32,7 @@ from prefixcache.experiments.inputs.traces import MOONCAKE_BLOCK, TraceRecord, _
 
 from prefixcache import Request
 
-FORMAT = 1
+FORMAT = 2  # 2: one .npy of (node, hashes) rows, memory-mapped (1: an .npz read whole)
 MAX_STORE_BYTES = 1 << 30
 
 
@@ -112,7 +113,10 @@ class TracePromptHashes:
 
 
 class _Store:
-    """One setting's hashes: per trie node, the 512 / unit hashes of its block, as bytes."""
+    """One setting's hashes: per trie node, the 512 / unit hashes of its block, as bytes.
+
+    On disk: one ``.npy`` of rows (trie node, its hashes), memory-mapped when the store opens; a
+    node's row is copied out the first time a request reaches it."""
 
     def __init__(self, owner: TracePromptHashes, unit: int, hash_fn: HashFn, none_hash: BlockHash) -> None:
         self.owner = owner
@@ -121,6 +125,7 @@ class _Store:
         self.none_hash = none_hash
         self.per_node = MOONCAKE_BLOCK // unit
         self.width = len(none_hash)  # the digest's bytes (NONE_HASH is one of its digests)
+        self.row_type = np.dtype([("node", "<i8"), ("hashes", "u1", (self.per_node * self.width,))])
         # a node's hashes are its bytes cut at these (no call per unit to read them)
         self._units = [slice(j * self.width, (j + 1) * self.width) for j in range(self.per_node)]
         name = next((n for n, f in HASH_FUNCTIONS.items() if f is hash_fn), None)
@@ -128,28 +133,36 @@ class _Store:
             f"{owner.records_digest}/{unit}/{name}/{none_hash.hex()}/{sys.version_info[:2]}/"
             f"{pickle.HIGHEST_PROTOCOL}".encode()
         ).hexdigest()[:24]
-        self.path = None if name is None else owner.directory / f"{key}.npz"
+        self.path = None if name is None else owner.directory / f"{key}.npy"
         self.nodes: list[bytes | None] = [None] * len(owner.parents)
         self.computed = self.read = 0
         self._new = 0
+        # the mapped file's rows, and the row of each node it holds (-1: none)
+        self._mapped: np.ndarray | None = None
+        self._row_of = np.full(len(self.nodes), -1, dtype=np.int64)
         if self.path is not None and self.path.exists():
             self._load()
 
     def _load(self) -> None:
         assert self.path is not None
         try:
-            with np.load(self.path) as data:
-                done, hashes = data["done"], data["hashes"]
-        except (OSError, ValueError, KeyError):
+            mapped = np.load(self.path, mmap_mode="r")
+        except (OSError, ValueError):
             return  # unreadable: computed again and rewritten
-        rows = np.flatnonzero(done).tolist()
-        if done.shape != (len(self.nodes),) or hashes.shape != (len(rows), self.per_node * self.width):
+        if mapped.dtype != self.row_type or mapped.ndim != 1:
             return
-        for node, row in zip(rows, hashes, strict=True):
-            self.nodes[node] = row.tobytes()
-        parents = self.owner.parents
-        first = next((n for n, b in enumerate(self.nodes) if b is not None and parents[n] == -1), None)
-        if first is not None and self._hash_node(first) != self.nodes[first]:  # another machine's pickle?
+        nodes = np.asarray(mapped["node"])
+        if nodes.size and (nodes.min() < 0 or nodes.max() >= len(self.nodes)):
+            return
+        if np.unique(nodes).size != nodes.size:
+            return
+        self._mapped = mapped
+        self._row_of[nodes] = np.arange(nodes.size)
+        parents = np.asarray(self.owner.parents)
+        roots = nodes[parents[nodes] == -1].tolist()
+        if roots and self._hash_node(roots[0]) != self._node(roots[0]):  # another machine's pickle?
+            self._mapped = None
+            self._row_of[:] = -1
             self.nodes = [None] * len(self.nodes)
 
     def _hash_node(self, node: int) -> bytes:
@@ -161,11 +174,17 @@ class _Store:
         return b"".join(out)
 
     def _node(self, node: int) -> bytes:
+        """The node's hashes: held, else read from the mapped file, else computed."""
         value = self.nodes[node]
         if value is None:
-            value = self.nodes[node] = self._hash_node(node)
-            self.computed += self.per_node
-            self._new += 1
+            row = self._row_of[node]
+            if row >= 0:
+                assert self._mapped is not None
+                value = self.nodes[node] = self._mapped[row]["hashes"].tobytes()
+            else:
+                value = self.nodes[node] = self._hash_node(node)
+                self.computed += self.per_node
+                self._new += 1
         return value
 
     def prompt_hashes(self, index: int, num_units: int) -> list[BlockHash]:
@@ -173,24 +192,34 @@ class _Store:
         for node in self.owner.paths[index]:
             if len(out) >= num_units:
                 break
-            fresh = self.nodes[node] is None
+            computed = self.computed
             raw = self._node(node)
             take = min(self.per_node, num_units - len(out))
             out += map(raw.__getitem__, self._units[:take])  # bytes: BlockHash values
-            if not fresh:
+            if self.computed == computed:
                 self.read += take
         return out
 
     def save(self) -> None:
+        """Write the file's rows and the new ones as a new file (atomically: a reader sees the
+        old or the new); nothing past ``MAX_STORE_BYTES``."""
         if not self._new or self.path is None:
             return
-        done = np.array([b is not None for b in self.nodes], dtype=bool)
-        if int(done.sum()) * self.per_node * self.width > MAX_STORE_BYTES:
+        fresh = [n for n, b in enumerate(self.nodes) if b is not None and self._row_of[n] < 0]
+        old = 0 if self._mapped is None else len(self._mapped)
+        if (old + len(fresh)) * self.row_type.itemsize > MAX_STORE_BYTES:
             return
-        hashes = np.frombuffer(b"".join(b for b in self.nodes if b is not None), dtype=np.uint8)
-        hashes = hashes.reshape(int(done.sum()), self.per_node * self.width)
+        rows = np.empty(old + len(fresh), dtype=self.row_type)
+        if old:
+            rows[:old] = self._mapped
+        rows["node"][old:] = fresh
+        hashes = np.frombuffer(b"".join(self.nodes[n] for n in fresh), dtype=np.uint8)  # type: ignore[misc]
+        rows["hashes"][old:] = hashes.reshape(len(fresh), -1)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{self.path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, done=done, hashes=hashes)
+        tmp = self.path.with_name(f"{self.path.stem}.{os.getpid()}.tmp.npy")
+        np.save(tmp, rows)
         os.replace(tmp, self.path)
+        # read on from the new file, so a later save does not write these rows twice
+        self._mapped = np.load(self.path, mmap_mode="r")
+        self._row_of[rows["node"]] = np.arange(len(rows))
         self._new = 0
