@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -37,6 +38,26 @@ def _check_token_ids(token_ids: Iterable[object], what: str) -> list[int]:
         if fast and (not token_ids or min(token_ids) >= 0):
             return list(token_ids)
     return _check_token_ids_slowly(token_ids, what)
+
+
+_PACK_CHUNK = 4096  # ids per struct call: its argument tuple stays in cache
+_pack_chunk_into = struct.Struct(f"<{_PACK_CHUNK}q").pack_into
+
+
+def _int64_array(token_ids: Sequence[int]) -> npt.NDArray[np.int64]:
+    """Checked token ids (Python ints in int64's range) as a read-only int64 array, written by
+    ``struct`` in chunks: C with no numpy scalar per id, about 1.5x ``np.fromiter``'s speed
+    (tests/bench/test_bench_request.py)."""
+    n = len(token_ids)
+    out = np.empty(n, dtype=np.int64)
+    view = out.data.cast("B")
+    full = n - n % _PACK_CHUNK
+    for i in range(0, full, _PACK_CHUNK):
+        _pack_chunk_into(view, 8 * i, *token_ids[i : i + _PACK_CHUNK])
+    if full < n:
+        struct.pack_into(f"<{n - full}q", view, 8 * full, *token_ids[full:])
+    out.flags.writeable = False
+    return out
 
 
 def _check_token_ids_slowly(token_ids: Iterable[object], what: str) -> list[int]:
@@ -250,10 +271,16 @@ class Request:
         if self._make_prompt is not None:
             self._build_prompt()  # (a trace's prompt comes as the array: kept)
         if self._prompt_array is None:
-            # read in place from the token list (no slice copy; a fifth faster than np.array)
-            arr = np.fromiter(self._tokens(), dtype=np.int64, count=self._num_prompt_tokens)
-            arr.flags.writeable = False
-            self._prompt_array = arr
+            tokens = self._tokens()
+            try:
+                self._prompt_array = _int64_array(
+                    tokens if len(tokens) == self._num_prompt_tokens else tokens[: self._num_prompt_tokens]
+                )
+            except struct.error:
+                raise ValueError(
+                    f"request {self.request_id!r}: a prompt token id is past int64 "
+                    f"(max {max(tokens[: self._num_prompt_tokens])}); it has no int64 array"
+                ) from None
         return self._prompt_array
 
     @property

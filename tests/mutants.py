@@ -189,6 +189,11 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "    names = [f.name for f in dataclasses.fields(rows[0])]\n",
         "    names = [f.name for f in dataclasses.fields(rows[0])][:-1]\n",
     ),
+    "request: a list prompt's array leaves the ids past its last whole chunk unwritten": (
+        "prefixcache/request.py",
+        "    if full < n:\n        struct.pack_into(",
+        "    if False:\n        struct.pack_into(",
+    ),
     "trace hashes: a store saved again writes its earlier rows twice (the new file not re-read)": (
         "experiments/inputs/trace_hashes.py",
         '        self._row_of[rows["node"]] = np.arange(len(rows))\n',

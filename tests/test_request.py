@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from prefixcache.experiments.inputs.traces import TraceRecord, iter_requests
 
@@ -54,8 +55,6 @@ def test_a_deferred_array_prompt_keeps_its_array(monkeypatch: pytest.MonkeyPatch
     that array, and does not convert the token list back (4.7 s of a whole-trace radix run)."""
     import types
 
-    import numpy as np
-
     from prefixcache import request as request_module
 
     rebuilt: list[object] = []
@@ -72,7 +71,6 @@ def test_output_appended_before_the_token_list_is_built_joins_it_in_order(as_arr
     """A decode step appends output without building the prompt's token list (a run that
     reads no tokens never builds one); the list, once built, is the prompt then every output
     token in order, and the counts agree before and after."""
-    import numpy as np
 
     prompt = [5, 6, 7]
     req = Request.deferred("d", 3, lambda: np.array(prompt, dtype=np.int64) if as_array else list(prompt))
@@ -103,7 +101,6 @@ def test_token_ids_reads_any_range_without_building_the_token_list_of_an_array_p
     """``token_ids(start, end)`` equals ``list(all_token_ids[start:end])`` for every range
     (inside the prompt, across its end, in the output, past the end, empty), before and
     after the list is built; an array prompt stays an array alone while only ranges are read."""
-    import numpy as np
 
     prompt = [5, 6, 7, 8]
     built = []
@@ -155,3 +152,23 @@ def test_a_deferred_prompt_with_a_range_maker_is_read_by_range_and_checked() -> 
     bad = Request.deferred("b", 3, lambda: [1, 2, 3], lambda s, e: [-1] * (e - s))
     with pytest.raises(ValueError):
         bad.token_ids(0, 2)
+
+
+@pytest.mark.parametrize("length", [1, 4095, 4096, 4097, 2 * 4096 + 5])
+@pytest.mark.parametrize("outputs", [0, 3])
+def test_a_list_prompt_array_holds_the_prompt_ids_around_the_pack_chunks(length: int, outputs: int) -> None:
+    """``prompt_array`` of a list prompt (made in chunks of 4096 ids): every prompt id, at both
+    ends of each chunk, none of the output after it, read-only."""
+    prompt = [(7919 * i + 2**62 * (i % 2)) % 2**63 for i in range(length)]  # up to int64's top
+    req = Request("r", prompt)
+    req.append_output_token_ids(list(range(outputs)))
+    arr = req.prompt_array
+    assert arr.dtype == np.int64 and arr.tolist() == prompt
+    assert not arr.flags.writeable
+
+
+def test_a_prompt_id_past_int64_has_no_array_and_says_so() -> None:
+    req = Request("big", [1, 2**63])
+    assert req.all_token_ids == [1, 2**63]  # a valid id to the request itself
+    with pytest.raises(ValueError, match="past int64"):
+        _ = req.prompt_array
