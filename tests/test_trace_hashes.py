@@ -187,3 +187,11 @@ def test_a_store_with_bad_rows_is_not_read(tmp_path: Path, damage: str) -> None:
     for r in iter_requests(RECORDS):
         assert known_hashes(r, 16, "sha256", again) == computed_hashes(r, 16, "sha256")
     assert again.computed == (len(first.parents) - 1) * 32 and again.read > 0  # nothing trusted
+
+
+def test_a_save_removes_the_stores_of_the_old_whole_file_format(tmp_path: Path) -> None:
+    (tmp_path / "0123456789abcdef01234567.npz").write_bytes(b"a FORMAT 1 store")
+    store = TracePromptHashes(RECORDS, directory=tmp_path)
+    known_hashes(next(iter_requests(RECORDS)), 16, "sha256", store)
+    store.save()
+    assert [p.suffix for p in tmp_path.iterdir()] == [".npy"]

@@ -219,6 +219,8 @@ class _Store:
         tmp = self.path.with_name(f"{self.path.stem}.{os.getpid()}.tmp.npy")
         np.save(tmp, rows)
         os.replace(tmp, self.path)
+        for stale in self.path.parent.glob("*.npz"):  # FORMAT 1's stores: no reader is left
+            stale.unlink(missing_ok=True)
         # read on from the new file, so a later save does not write these rows twice
         self._mapped = np.load(self.path, mmap_mode="r")
         self._row_of[rows["node"]] = np.arange(len(rows))
