@@ -25,7 +25,8 @@ def test_the_block_floor_times_each_part_of_the_layout_for_the_run_s_blocks(trac
     assert wall > 0 and 0 < hits < prompt and decoded > 0
     parts = block_floor.floor_seconds(prompt - hits, hits, decoded)
     assert list(parts) == ["read stored hashes", "hash decoded blocks", "build keys",
-                           "make block objects", "insert keys", "probe hit keys"]
+                           "make block objects", "insert keys", "count references",
+                           "link freed blocks", "probe hit keys"]
     assert all(seconds > 0 for seconds in parts.values())
     block_floor.main(["--limit", "4", "--rounds", "1"])
     out = capsys.readouterr().out

@@ -5,8 +5,9 @@ At page size 1 every prompt token is a block. vLLM's design, which the hashchain
 reproduces, keeps one Python object per block (``KVCacheBlock``) and a dict keyed by each
 block's hash bytes with the group id appended (``BlockHashWithGroupId``). Whatever else a
 faithful implementation does, each block it caches is an object made, a key built and a key
-inserted into that dict, each block a lookup hits is a probe of it, and each block's hash is
-read (a prompt's, from a store) or computed (a decoded one's). This script times
+inserted into that dict, a reference counted and a place in the free queue's links when its
+request frees it; each block a lookup hits is a probe of the dict, and each block's hash is read
+(a prompt's, from a store) or computed (a decoded one's). This script times
 exactly those operations, alone, for the blocks the run really caches and hits, and sets them
 beside the engine's wall time for radix and for hashchain on the same requests (the first
 ``--limit`` of the Mooncake conversation trace, ``prefixcache run``'s defaults: fcfs,
@@ -61,11 +62,29 @@ def timed(step: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def _count_references(blocks: list[KVCacheBlock]) -> None:
+    """A block's reference taken at allocation and given back at its request's release."""
+    for block in blocks:
+        block.ref_cnt += 1
+    for block in blocks:
+        block.ref_cnt -= 1
+
+
+def _link(blocks: list[KVCacheBlock]) -> None:
+    """Freed blocks threaded into the free queue, each behind the one before (its two links)."""
+    prev = KVCacheBlock(-1)
+    for block in blocks:
+        prev.next_free_block = block
+        block.prev_free_block = prev
+        prev = block
+
+
 def floor_seconds(num_cached: int, num_hits: int, num_decoded: int) -> dict[str, float]:
     """The per-block operations vLLM's layout cannot skip: each cached prompt block's hash read
     from a store (cut from its 512-hash row, as ``trace_hashes`` does), each decoded block's
-    hash computed (sha256 of the pickle, ``chain_block_hashes``), a key built and inserted and
-    an object made per cached block, a probe per hit block."""
+    hash computed (sha256 of the pickle, ``chain_block_hashes``), a key built and inserted, an
+    object made, a reference taken and given back and two free-queue links per cached block, a
+    probe per hit block."""
     rows = [os.urandom(32 * 512) for _ in range(-(-num_cached // 512))]
     units = [slice(32 * j, 32 * (j + 1)) for j in range(512)]
     hashes: list[bytes] = []
@@ -86,6 +105,8 @@ def floor_seconds(num_cached: int, num_hits: int, num_decoded: int) -> dict[str,
     out["make block objects"] = timed(lambda: blocks.extend(map(KVCacheBlock, range(num_cached))))
     index: dict[bytes, KVCacheBlock] = {}
     out["insert keys"] = timed(lambda: list(map(index.setdefault, keys, blocks)))
+    out["count references"] = timed(lambda: _count_references(blocks))
+    out["link freed blocks"] = timed(lambda: _link(blocks))
     probes = keys[:num_hits] if num_hits <= num_cached else keys * (num_hits // num_cached + 1)
     probes = probes[:num_hits]
     out["probe hit keys"] = timed(lambda: list(map(index.get, probes)))
