@@ -33,6 +33,16 @@ def known_hashes(req: Request, unit: int, fn: str, store: TracePromptHashes) -> 
     return list(BlockHasher(unit, get_hash_fn(fn), known=store).block_hashes(req))
 
 
+def saved_store(directory: Path) -> tuple[TracePromptHashes, Path]:
+    """A store over RECORDS that hashed every request at unit 16 and saved: it, and its file."""
+    store = TracePromptHashes(RECORDS, directory=directory)
+    for r in iter_requests(RECORDS):
+        known_hashes(r, 16, "sha256", store)
+    store.save()
+    (path,) = directory.glob("*.npy")
+    return store, path
+
+
 @pytest.mark.parametrize("fn", ["sha256", "sha256_cbor", "xxhash", "builtin"])
 @pytest.mark.parametrize("unit", [1, 16, 64, 512])
 def test_hashes_read_equal_hashes_computed(tmp_path: Path, fn: str, unit: int) -> None:
@@ -64,10 +74,7 @@ def test_a_later_store_reads_what_an_earlier_one_saved(tmp_path: Path) -> None:
 
 
 def test_another_trace_or_setting_never_reads_this_store(tmp_path: Path) -> None:
-    first = TracePromptHashes(RECORDS, directory=tmp_path)
-    for r in iter_requests(RECORDS):
-        known_hashes(r, 16, "sha256", first)
-    first.save()
+    saved_store(tmp_path)
     edited = [RECORDS[0], TraceRecord(0.0, 1100, 4, (1, 2, 9)), *RECORDS[2:]]
     other = TracePromptHashes(edited, directory=tmp_path)
     for r in iter_requests(edited):
@@ -80,11 +87,7 @@ def test_another_trace_or_setting_never_reads_this_store(tmp_path: Path) -> None
 
 
 def test_a_store_that_does_not_verify_is_computed_again(tmp_path: Path) -> None:
-    first = TracePromptHashes(RECORDS, directory=tmp_path)
-    for r in iter_requests(RECORDS):
-        known_hashes(r, 16, "sha256", first)
-    first.save()
-    (path,) = tmp_path.glob("*.npy")
+    _, path = saved_store(tmp_path)
     rows = np.load(path)
     rows["hashes"][:] = 7  # as if another pickle had made it
     np.save(path, rows)
@@ -132,10 +135,7 @@ def test_hashchain_runs_give_the_same_records_with_the_store(tmp_path: Path, tra
 
 
 def test_a_warm_store_reads_only_the_rows_its_requests_reach(tmp_path: Path) -> None:
-    first = TracePromptHashes(RECORDS, directory=tmp_path)
-    for r in iter_requests(RECORDS):
-        known_hashes(r, 16, "sha256", first)
-    first.save()
+    saved_store(tmp_path)
     warm = TracePromptHashes(RECORDS, directory=tmp_path)
     req = list(iter_requests(RECORDS))[3]  # hash ids (5, 6): two trie nodes of their own
     assert known_hashes(req, 16, "sha256", warm) == computed_hashes(req, 16, "sha256")
@@ -170,11 +170,7 @@ def test_stores_saved_again_after_more_requests_hold_each_block_once(tmp_path: P
 
 @pytest.mark.parametrize("damage", ["node out of range", "node twice", "other row type"])
 def test_a_store_with_bad_rows_is_not_read(tmp_path: Path, damage: str) -> None:
-    first = TracePromptHashes(RECORDS, directory=tmp_path)
-    for r in iter_requests(RECORDS):
-        known_hashes(r, 16, "sha256", first)
-    first.save()
-    (path,) = tmp_path.glob("*.npy")
+    first, path = saved_store(tmp_path)
     rows = np.load(path)
     if damage == "node out of range":
         rows["node"][0] = len(first.parents)
