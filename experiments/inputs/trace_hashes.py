@@ -8,9 +8,9 @@ every rerun. ``TracePromptHashes`` computes each such block's hashes once (a nod
 over hash-id prefixes), lazily, and ``save`` keeps them in a store keyed by all of that (the
 records' content, vocabulary, tokens per hash, hash function, NONE_HASH, Python's pickle), which
 later runs memory-map and read instead of hashing: a run reads the rows of the blocks its
-requests reach, when they reach them, and nothing else of the file. The hashchain backend takes it as
-``known_prompt_hashes``: hashes read equal hashes computed (tests/test_trace_hashes.py), so a
-run's results do not change, only its hashing time.
+requests reach, when they reach them, and nothing else of the file. The hashchain backend takes
+it as ``known_prompt_hashes``: hashes read equal hashes computed (tests/test_trace_hashes.py),
+so a run's results do not change, only its hashing time.
 
 Tokens per hash must divide 512 (else the request is hashed as usual). The store lives under
 ``$PREFIXCACHE_CACHE`` (default ``~/.cache/prefixcache``) in ``block_hashes/``; a store over
