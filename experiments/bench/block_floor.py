@@ -107,8 +107,7 @@ def floor_seconds(num_cached: int, num_hits: int, num_decoded: int) -> dict[str,
     out["insert keys"] = timed(lambda: list(map(index.setdefault, keys, blocks)))
     out["count references"] = timed(lambda: _count_references(blocks))
     out["link freed blocks"] = timed(lambda: _link(blocks))
-    probes = keys[:num_hits] if num_hits <= num_cached else keys * (num_hits // num_cached + 1)
-    probes = probes[:num_hits]
+    probes = keys[:num_hits] if num_hits <= num_cached else (keys * (num_hits // num_cached + 1))[:num_hits]
     out["probe hit keys"] = timed(lambda: list(map(index.get, probes)))
     return out
 
