@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prefixcache.config import CacheConfig
-from prefixcache.interface import Match, PageUsage, PrefixCache, ensure
+from prefixcache.interface import LiveRequest, Match, PageUsage, PrefixCache, ensure
 from prefixcache.pool import PagePool, PageTable
 from prefixcache.request import Request
 
@@ -48,6 +48,21 @@ class NoCache(PrefixCache[PageTable]):
 
     def _decode_room(self, req: Request, state: PageTable) -> int:
         return len(state) * self.page_size - req.num_computed_tokens
+
+    def _takes_decode_pages(self) -> bool:
+        return self.page_size == 1
+
+    def _take_decode_pages(self, records: list[LiveRequest[PageTable]]) -> bool:
+        """What ``_extend`` one request after another takes at page size 1, a page each, where
+        none of those allocations would merge (the run fits in the ready pages)."""
+        if len(records) > self.pool.num_ready:
+            return False
+        pages = self.pool.alloc(len(records))
+        assert pages is not None
+        for live, page in zip(records, pages.tolist(), strict=True):
+            live.state.append(page)
+        self._in_use += len(records)
+        return True
 
     def _commit(self, req: Request, state: PageTable) -> None:
         pass  # nothing is published: this backend never reuses KV

@@ -23,7 +23,9 @@ Decode steps inside held pages are deferred (``multi_step``, on by default, ``ru
 step that changes nothing in the cache but the request's counters (``PrefixCache.decode_room``
 while ``decode_in_place_now``: no page taken, evicted or published) gets no cache call and no
 per-token work; the request is counted in each step's budget and clock and taken up at once
-when its room runs out or anything needs it exact (see "deferred decoders" below). When
+when its room runs out or anything needs it exact (see "deferred decoders" below). Where every
+decode step opens a page (``PrefixCache.decode_takes_pages``: page size 1), a run of deferred
+decoders takes its step's pages in one call (``take_decode_pages``) and nothing else. When
 nothing waits or arrives and every running request decodes, ``run`` jumps the clock over
 those steps (a decode stretch). Records, clock and cache state are those of stepping one by
 one (tests/test_engine.py checks it on every built-in workload, with tiers and without a cache).
@@ -151,6 +153,7 @@ class Engine:
         self._deferred_context_base = 0
         self._take_up_at: dict[int, list[Request]] = {}
         self._may_defer = False
+        self._defer_takes_pages = False  # deferred steps each take a page (take_decode_pages)
         self._loading: dict[str, float] = {}  # request id -> when its async host load is done
         self._link_free_at = 0.0  # the host link carries one load at a time
         self._overlapped_load_end = 0.0  # this step's same-forward loads end here
@@ -229,12 +232,15 @@ class Engine:
 
     def defer_decoders(self, on: bool) -> None:
         """Let ``step`` defer decode steps inside held pages (``run`` does, with ``multi_step``;
-        a page of one token is opened by every decode step, so page size 1 defers nothing), or
-        stop, taking every deferred decoder up: its requests are exact again. A caller that
-        steps the engine itself with deferral on reads a running request's length through
-        ``num_tokens_now``; records, the clock and the cache are exact at every step."""
+        at page size 1 every decode step opens a page, so only a cache that takes a run's pages
+        at once, ``decode_takes_pages``, defers there), or stop, taking every deferred decoder
+        up: its requests are exact again. A caller that steps the engine itself with deferral on
+        reads a running request's length through ``num_tokens_now``; records, the clock and the
+        cache are exact at every step."""
         if on:
-            self._may_defer = self.multi_step and self.model is None and self.cache.page_size > 1
+            self._defer_takes_pages = self.cache.decode_takes_pages()
+            self._may_defer = (self.multi_step and self.model is None
+                               and (self.cache.page_size > 1 or self._defer_takes_pages))
             return
         self._may_defer = False
         for req in [r for r in self.running if r.request_id in self._deferred]:
@@ -288,7 +294,7 @@ class Engine:
             req = running[i]
             if deferred and req.request_id in deferred:
                 end = self._deferred_run_end(i)
-                if end - i <= budget and self.cache.decode_in_place_now():
+                if end - i <= budget and self._serve_deferred_run(i, end):
                     budget -= end - i
                     num_deferred += end - i
                     i = end
@@ -467,7 +473,7 @@ class Engine:
         Every running request is deferred (``_defer``) over those steps and the clock moves on:
         the records, the clock and the cache end exactly as after stepping one by one. Returns
         the tokens computed (0: take a normal step)."""
-        if not self._may_defer:
+        if not self._may_defer or self._defer_takes_pages:  # (a step that takes pages is no stretch)
             return 0
         self._move_arrivals()  # as the step would begin
         running = self.running
@@ -518,11 +524,24 @@ class Engine:
     # its room runs out, the one that emits its last token, or anything that needs it exact
     # (the step cannot serve every deferred decoder, the cache is no longer in place, a
     # preemption): then ``_take_up`` applies the deferred steps at once and it is stepped one
-    # by one again.
+    # by one again. At page size 1 each step opens a page: a cache that says so
+    # (``decode_takes_pages``) takes a run's pages in one call each step, appended to their
+    # page tables, and their reservations follow at the take-up, as for steps in held pages.
     def _steps_to_defer(self, req: Request) -> int:
-        """How many coming decode steps of ``req`` may be deferred: its room in the cache, but
-        not the step that emits its last token (it finishes there)."""
-        return min(self.cache.decode_room(req), req.max_new_tokens - req.num_output_tokens - 1)
+        """How many coming decode steps of ``req`` may be deferred: its room in the cache (every
+        one where each step takes its page, ``_serve_deferred_run``), but not the step that
+        emits its last token (it finishes there)."""
+        last = req.max_new_tokens - req.num_output_tokens - 1
+        return last if self._defer_takes_pages else min(self.cache.decode_room(req), last)
+
+    def _serve_deferred_run(self, start: int, end: int) -> bool:
+        """Whether the deferred decoders ``running[start:end]`` take this step without being
+        stepped one by one: in place (the cache says none of their steps changes it now), or,
+        where each step opens a page, with the run's pages taken in one call. False: nothing
+        changed, they are taken up."""
+        if self._defer_takes_pages:
+            return bool(self._timed_batch(self.running[start:end], self.cache.take_decode_pages))
+        return self.cache.decode_in_place_now()
 
     def _defer(self, req: Request, first_step: int) -> None:
         """Defer ``req``'s decode steps from ``first_step`` on, as many as it may."""

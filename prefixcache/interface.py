@@ -174,8 +174,8 @@ class LiveRequest(Generic[S]):
 class PrefixCache(ABC, Generic[S]):
     """A prefix cache over a paged KV pool of ``config.num_pages`` pages, page 0 reserved.
 
-    State changes only through ``allocate`` (and its decode shortcut ``advance_in_place``),
-    ``commit``, ``release``, ``evict`` and ``reset``.
+    State changes only through ``allocate`` (and its decode shortcuts ``advance_in_place`` and
+    ``take_decode_pages``), ``commit``, ``release``, ``evict`` and ``reset``.
     A request is *live* from its first successful ``allocate`` to its ``release``; while live,
     the pages it points at are pinned and never evicted. Invalid arguments raise ValueError and
     change nothing; running out of room is not an error (``allocate`` returns False).
@@ -433,6 +433,36 @@ class PrefixCache(ABC, Generic[S]):
         self._check_fits(req, total)
         self._live[req.request_id].reserved = total
 
+    def decode_takes_pages(self) -> bool:
+        """Whether each decode step opens a page and, while the pool is calm, does nothing else
+        (page size 1 in radix and the no-cache baseline; hashchain's step also publishes the
+        block it fills): then ``take_decode_pages`` serves a run of deferred decoders. False by
+        default."""
+        return self._takes_decode_pages()
+
+    def take_decode_pages(self, reqs: Sequence[Request]) -> bool:
+        """One decode step for each of ``reqs`` (live decoders, in schedule order) where each
+        step opens a page (``decode_takes_pages``): the pages ``allocate_batch(reqs, 1)`` hands
+        such a run while the pool is calm, taken in one allocation and appended to their page
+        tables. Their reservations follow at ``advance_in_place``, for which the pages are room
+        (the engine defers these decoders and takes them up so). False, changing nothing, where
+        the steps would do more (too few pages ready, an eviction or merge due): the caller then
+        steps them one by one. ValueError (nothing changed) if this cache's steps do not take
+        pages so, or a request is not live with its reservation at its computed tokens."""
+        if not self._takes_decode_pages():
+            raise ValueError(f"take_decode_pages: a decode step of {type(self).__name__} here "
+                             "does more than take a page (decode_takes_pages() is False)")
+        records = list(map(self._record_of, reqs))
+        for live, req in zip(records, reqs, strict=True):
+            if live is None:
+                self._live_record(req, "take_decode_pages")  # raises: not live
+            elif live.reserved != req.num_computed_tokens:
+                raise ValueError(
+                    f"take_decode_pages of {req.request_id!r}: its reservation ({live.reserved}) "
+                    f"is not at its computed tokens ({req.num_computed_tokens})"
+                )
+        return self._take_decode_pages(records)  # type: ignore[arg-type]
+
     def commit(self, req: Request) -> None:
         """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it (a
         ``commit_batch`` of one)."""
@@ -632,6 +662,14 @@ class PrefixCache(ABC, Generic[S]):
         """``decode_in_place_now``; backends whose in-place steps depend on the whole cache
         say when they do not hold."""
         return True
+
+    def _takes_decode_pages(self) -> bool:
+        """``decode_takes_pages``."""
+        return False
+
+    def _take_decode_pages(self, records: list[LiveRequest[S]]) -> bool:
+        """``take_decode_pages`` on checked live records (only where ``_takes_decode_pages``)."""
+        raise NotImplementedError
 
     @abstractmethod
     def _commit(self, req: Request, state: S) -> None: ...

@@ -109,13 +109,33 @@ MUTANTS = {
     ),
     "engine: deferred decoders served although the step's budget does not reach them all": (
         "prefixcache/engine.py",
-        "                if end - i <= budget and self.cache.decode_in_place_now():",
-        "                if self.cache.decode_in_place_now():",
+        "                if end - i <= budget and self._serve_deferred_run(i, end):",
+        "                if self._serve_deferred_run(i, end):",
     ),
     "engine: deferred decoders served while the cache is not in place (a radix decode evicts)": (
         "prefixcache/engine.py",
-        "                if end - i <= budget and self.cache.decode_in_place_now():",
-        "                if end - i <= budget:",
+        "        return self.cache.decode_in_place_now()\n",
+        "        return True\n",
+    ),
+    "engine: a page-1 run of deferred decoders served without taking its pages": (
+        "prefixcache/engine.py",
+        "            return bool(self._timed_batch(self.running[start:end], self.cache.take_decode_pages))",
+        "            return True",
+    ),
+    "batch: a page-1 run of deferred decoders taken though fewer pages are ready (an eviction skipped)": (
+        "backends/radix/backend.py",
+        "        if len(records) > self.pool.num_ready or not self._calm():",
+        "        if not self._calm():",
+    ),
+    "batch: a page-1 run of deferred decoders left marked not decoding (its next commit checkpoints)": (
+        "backends/radix/backend.py",
+        "            live.state.decoding = True\n        return True\n",
+        "        return True\n",
+    ),
+    "batch: a page-1 run of the no-cache baseline taken though fewer pages are ready": (
+        "backends/none.py",
+        "        if len(records) > self.pool.num_ready:",
+        "        if len(records) > self.pool.num_free:",
     ),
     "engine: deferred decoders past a step's spent budget counted as served": (
         "prefixcache/engine.py",
@@ -124,13 +144,13 @@ MUTANTS = {
     ),
     "engine: a decoder deferred one step past its room (a page opening skipped)": (
         "prefixcache/engine.py",
-        "        return min(self.cache.decode_room(req), req.max_new_tokens - req.num_output_tokens - 1)",
-        "        return min(self.cache.decode_room(req) + 1, req.max_new_tokens - req.num_output_tokens - 1)",
+        "        return last if self._defer_takes_pages else min(self.cache.decode_room(req), last)",
+        "        return last if self._defer_takes_pages else min(self.cache.decode_room(req) + 1, last)",
     ),
     "engine: a decoder deferred through the step that finishes it": (
         "prefixcache/engine.py",
-        "        return min(self.cache.decode_room(req), req.max_new_tokens - req.num_output_tokens - 1)",
-        "        return min(self.cache.decode_room(req), req.max_new_tokens - req.num_output_tokens)",
+        "        last = req.max_new_tokens - req.num_output_tokens - 1\n",
+        "        last = req.max_new_tokens - req.num_output_tokens\n",
     ),
     "engine: a preempted deferred decoder released without its deferred steps": (
         "prefixcache/engine.py",

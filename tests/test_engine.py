@@ -293,9 +293,9 @@ def test_decode_stretches_change_no_record_and_no_cache_state(
     stretched, got = _run_workload(name, backend, page, capacity, multi_step=True)
     assert got == expected
     assert stepped.stretched_steps == stepped.deferred_decode_steps == 0
-    if page == 1:  # every decode step takes a page: nothing to skip
-        assert stretched.stretched_steps == stretched.deferred_decode_steps == 0
-    elif stepped.decode_tokens:  # decode steps inside held pages are deferred, taken up exactly
+    if page == 1:  # every decode step takes a page: no stretch, but runs take theirs at once
+        assert stretched.stretched_steps == 0
+    if stepped.decode_tokens:  # deferred decode steps, taken up exactly
         assert stretched.deferred_decode_steps > 0  # (rag's prompts exceed the tight p16 pool)
 
 
@@ -325,20 +325,22 @@ TIERS = {
 
 
 @pytest.mark.filterwarnings("ignore:HiCache host pool")
-@pytest.mark.parametrize("tier", sorted(TIERS))
+@pytest.mark.parametrize(("tier", "page"), [(t, 16) for t in sorted(TIERS)]
+                         + [(t, 1) for t in sorted(TIERS) if t.startswith("radix")])
 @pytest.mark.parametrize(
     "name", ["generated-shared-prefix", "multi-turn-chat", "react-agent", "tree-of-thought"]
 )
-def test_deferred_decode_steps_change_nothing_with_a_host_tier(name: str, tier: str) -> None:
+def test_deferred_decode_steps_change_nothing_with_a_host_tier(name: str, tier: str, page: int) -> None:
     """The same with a host tier (stores in flight make the cache say no step is in place:
-    the deferred decoders are then taken up and stepped one by one), in a pool tight enough
-    to evict."""
+    the deferred decoders are then taken up and stepped one by one; at page size 1 a run's
+    pages are taken at once while the pool is calm, copies in flight or not, as the decode
+    batch takes them), in a pool tight enough to evict."""
     from prefixcache.tiers import HostTierConfig
 
     backend, fields_ = TIERS[tier]
     host = HostTierConfig(capacity_tokens=1 << 15, **fields_)  # type: ignore[arg-type]
-    stepped, expected = _run_workload(name, backend, 16, 12_288, False, host_tier=host)
-    deferred, got = _run_workload(name, backend, 16, 12_288, True, host_tier=host)
+    stepped, expected = _run_workload(name, backend, page, 12_288, False, host_tier=host)
+    deferred, got = _run_workload(name, backend, page, 12_288, True, host_tier=host)
     assert got == expected
     assert deferred.deferred_decode_steps > 0
 
@@ -372,10 +374,13 @@ def test_deferred_decoders_past_the_budget_wait_as_one_by_one(rest: int) -> None
     assert runs[0] == runs[1]
 
 
+@pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("name", ["multi-turn-chat", "tree-of-thought"])
-def test_deferred_decode_steps_change_nothing_without_a_cache(name: str) -> None:
-    stepped, expected = _run_workload(name, "none", 16, 12_288, multi_step=False)
-    deferred, got = _run_workload(name, "none", 16, 12_288, multi_step=True)
+def test_deferred_decode_steps_change_nothing_without_a_cache(name: str, page: int) -> None:
+    """At page size 16 the deferred steps lie inside held pages; at 1 each run of them takes
+    its pages at once (``take_decode_pages``), as the baseline's allocations one by one would."""
+    stepped, expected = _run_workload(name, "none", page, 12_288, multi_step=False)
+    deferred, got = _run_workload(name, "none", page, 12_288, multi_step=True)
     assert got == expected and deferred.deferred_decode_steps > 0
 
 

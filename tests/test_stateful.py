@@ -168,6 +168,40 @@ class CacheLifecycle(Lifecycle):
     def _decoding(self) -> list[str]:
         return sorted(rid for rid, r in self.live_reqs.items() if r.num_computed_tokens == r.num_tokens)
 
+    @precondition(lambda self: self._decoding() and self.cache.decode_takes_pages())
+    @rule(data=st.data())
+    def decode_page_run(self, data: st.DataObject) -> None:
+        """A decode step of deferred decoders where every step opens a page (page size 1), the
+        engine's way: ``take_decode_pages`` takes the run's pages at once and the take-up
+        (``advance_in_place`` by one) reserves them. Together they leave exactly what
+        ``allocate`` one request after another leaves on a copy; a refusal changes nothing and
+        comes only where one by one evicts, stops, or merges staged pages."""
+        rids = data.draw(st.lists(st.sampled_from(self._decoding()), min_size=1, unique=True))
+        reqs = [self.live_reqs[rid] for rid in rids]
+        reqs = [r for r in reqs if r.num_computed_tokens < (self.capacity_pages - 1) * self.page_size]
+        if not reqs:
+            return
+        for req in reqs:  # (the engine appends them at the take-up; the copy needs them now)
+            req.append_output_token_ids(self.rng.randrange(VOCAB))
+        twin, expected_done, expected_evicted = one_by_one(self.cache, reqs)
+        staged = self.cache.pool.num_free - self.cache.pool.num_ready  # type: ignore[attr-defined]
+        before = full_state(self.cache)
+        if not self.cache.take_decode_pages(reqs):
+            assert full_state(self.cache) == before, "a refused take_decode_pages changed the cache"
+            assert expected_evicted or expected_done < len(reqs) or staged, (
+                "one by one takes these pages without evicting or merging, yet the take was refused"
+            )
+            return  # (their new tokens wait uncomputed, as a decode batch leaves the ones it stops at)
+        self.count("page runs")
+        assert expected_done == len(reqs) and not expected_evicted, "a take where one by one evicts or stops"
+        for req in reqs:
+            self.cache.advance_in_place(req, 1)
+        assert full_state(self.cache) == full_state(twin), "a page run left another state than one by one"
+        for req in reqs:
+            self._write(req, req.num_computed_tokens, req.num_computed_tokens + 1)
+            req.num_computed_tokens += 1
+        self.cache.commit_batch(reqs)
+
     @precondition(lambda self: self._decoding())
     @rule(data=st.data(), steps=st.integers(1, 16))
     def decode_stretch(self, data: st.DataObject, steps: int) -> None:
@@ -221,6 +255,8 @@ def test_lifecycle_keeps_invariants_and_never_corrupts_kv(backend: str, page_siz
         # The first examples' paths depend on process state (one test order in CI gave no
         # batch that opened a page): the same derandomized run, four times as long.
         run_state_machine_as_test(machine, settings=settings(max_examples=4 * settings().max_examples))
+    if backend == "radix" and page_size == 1:  # each decode step takes a page: runs take them at once
+        assert SEEN[backend]["page runs"] > 0, "no page run was taken: the rule proved nothing"
     if backend != "none" and page_size > 1:  # page size 1 takes a page every decode step
         assert SEEN[backend]["stretches"] > 0, "no decode stretch was taken: the rule proved nothing"
         # (in 12 one-token pages two requests rarely decode at once: test_allocate_batch.py

@@ -319,11 +319,30 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         return k - start
 
     def _decode_room(self, req: Request, state: _Live) -> int:
-        """A decode step inside the last page takes no page (page size 1 takes one every
-        step); ``_in_place_now`` says when it changes nothing else."""
-        if self.page_size == 1 or not state.decoding:
+        """A decode step inside the last page takes no page; ``_in_place_now`` says when it
+        changes nothing else. (At page size 1 every step takes one: the room is only the pages
+        ``take_decode_pages`` appended ahead of the reservation.)"""
+        if not state.decoding:
             return 0
         return len(state.pages) * self.page_size - req.num_computed_tokens
+
+    def _takes_decode_pages(self) -> bool:
+        return self.page_size == 1
+
+    def _take_decode_pages(self, records: list[LiveRequest[_Live]]) -> bool:
+        """A run of page-1 decode steps taken as ``_extend_batch`` takes one while calm (one
+        allocation, front of the free list first), the reservations left to ``advance_in_place``."""
+        for live in records:
+            if live.request.num_computed_tokens < live.state.prefill_end:
+                raise ValueError(f"take_decode_pages of {live.request.request_id!r}, which is not decoding")
+        if len(records) > self.pool.num_ready or not self._calm():
+            return False
+        pages = self.pool.alloc(len(records))  # none merges: the run fits in the ready pages
+        assert pages is not None
+        for live, page in zip(records, pages.tolist(), strict=True):
+            live.state.pages.append(page)
+            live.state.decoding = True
+        return True
 
     def _in_place_now(self) -> bool:
         """While calm (``_calm``: a page free, nothing staged to merge), as the in-place
