@@ -50,11 +50,12 @@ class NoCache(PrefixCache[PageTable]):
         return len(state) * self.page_size - req.num_computed_tokens
 
     def _takes_decode_pages(self) -> bool:
-        return self.page_size == 1
+        return True
 
-    def _take_decode_pages(self, records: list[LiveRequest[PageTable]]) -> bool:
-        """What ``_extend`` one request after another takes at page size 1, a page each, where
-        none of those allocations would merge (the run fits in the ready pages)."""
+    def _take_decode_pages(self, records: list[LiveRequest[PageTable]], calm_after: bool) -> bool:
+        """What ``_extend`` one request after another takes for steps that each open a page,
+        where none of those allocations would merge (they fit in the ready pages). A step
+        inside held pages takes nothing here, whatever the pool: ``calm_after`` asks nothing."""
         if len(records) > self.pool.num_ready:
             return False
         pages = self.pool.alloc(len(records))

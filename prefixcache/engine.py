@@ -23,9 +23,9 @@ Decode steps inside held pages are deferred (``multi_step``, on by default, ``ru
 step that changes nothing in the cache but the request's counters (``PrefixCache.decode_room``
 while ``decode_in_place_now``: no page taken, evicted or published) gets no cache call and no
 per-token work; the request is counted in each step's budget and clock and taken up at once
-when its room runs out or anything needs it exact (see "deferred decoders" below). Where every
-decode step opens a page (``PrefixCache.decode_takes_pages``: page size 1), a run of deferred
-decoders takes its step's pages in one call (``take_decode_pages``) and nothing else. When
+when its room runs out or anything needs it exact (see "deferred decoders" below). Where a
+step that opens a page only takes it (``PrefixCache.decode_takes_pages``), a run of deferred
+decoders takes the pages its step opens in one call (``take_decode_pages``) instead. When
 nothing waits or arrives and every running request decodes, ``run`` jumps the clock over
 those steps (a decode stretch). Records, clock and cache state are those of stepping one by
 one (tests/test_engine.py checks it on every built-in workload, with tiers and without a cache).
@@ -273,7 +273,10 @@ class Engine:
         due = self._take_up_at.pop(self.step_count, None)
         if due:  # deferred decoders whose room ran out (as the last step left them)
             for req in due:
-                if self._deferred.get(req.request_id, (0, -1))[1] == self.step_count:
+                entry = self._deferred.get(req.request_id)
+                if entry is None or entry[1] != self.step_count:
+                    continue  # taken up since, or deferred again
+                if not self._opens_a_page(req, entry[0]):
                     self._take_up(req)
         self._move_arrivals()
         next_arrival = self.arrivals.next_time()
@@ -473,8 +476,8 @@ class Engine:
         Every running request is deferred (``_defer``) over those steps and the clock moves on:
         the records, the clock and the cache end exactly as after stepping one by one. Returns
         the tokens computed (0: take a normal step)."""
-        if not self._may_defer or self._defer_takes_pages:  # (a step that takes pages is no stretch)
-            return 0
+        if not self._may_defer or (self._defer_takes_pages and self.cache.page_size == 1):
+            return 0  # (at page size 1 every step takes a page: no stretch)
         self._move_arrivals()  # as the step would begin
         running = self.running
         if self.waiting or self._in_prefill or self._loading:
@@ -524,24 +527,54 @@ class Engine:
     # its room runs out, the one that emits its last token, or anything that needs it exact
     # (the step cannot serve every deferred decoder, the cache is no longer in place, a
     # preemption): then ``_take_up`` applies the deferred steps at once and it is stepped one
-    # by one again. At page size 1 each step opens a page: a cache that says so
-    # (``decode_takes_pages``) takes a run's pages in one call each step, appended to their
-    # page tables, and their reservations follow at the take-up, as for steps in held pages.
+    # by one again. Where a step that opens a page only takes it (``decode_takes_pages``:
+    # radix, no cache), a deferred decoder whose room runs out is not taken up: its run takes
+    # the pages of those opening one in one call (at page size 1, every step of every one),
+    # appended to their page tables, and the reservations follow at the take-up.
     def _steps_to_defer(self, req: Request) -> int:
-        """How many coming decode steps of ``req`` may be deferred: its room in the cache (every
-        one where each step takes its page, ``_serve_deferred_run``), but not the step that
-        emits its last token (it finishes there)."""
+        """How many coming decode steps of ``req`` may be deferred: its room in the cache (at
+        page size 1, where each step takes its page in its run, every one), but not the step
+        that emits its last token (it finishes there)."""
         last = req.max_new_tokens - req.num_output_tokens - 1
-        return last if self._defer_takes_pages else min(self.cache.decode_room(req), last)
+        if self._defer_takes_pages and self.cache.page_size == 1:
+            return last
+        return min(self.cache.decode_room(req), last)
+
+    def _opens_a_page(self, req: Request, first: int) -> bool:
+        """Whether the deferred ``req``, due now, is due because its room ran out before its
+        last step: where the cache takes decode pages, its run takes this step's page for it
+        and it stays deferred (``_serve_deferred_run``)."""
+        finish = first + req.max_new_tokens - req.num_output_tokens - 1  # (its outputs wait too)
+        return self._defer_takes_pages and self.step_count < finish
 
     def _serve_deferred_run(self, start: int, end: int) -> bool:
         """Whether the deferred decoders ``running[start:end]`` take this step without being
-        stepped one by one: in place (the cache says none of their steps changes it now), or,
-        where each step opens a page, with the run's pages taken in one call. False: nothing
+        stepped one by one: in place (the cache says none of their steps changes it now), and
+        where the cache takes decode pages, the pages of those whose step opens one (at page
+        size 1 every one) taken in one call, their room extended by it. False: nothing
         changed, they are taken up."""
-        if self._defer_takes_pages:
-            return bool(self._timed_batch(self.running[start:end], self.cache.take_decode_pages))
-        return self.cache.decode_in_place_now()
+        if not self._defer_takes_pages:
+            return self.cache.decode_in_place_now()
+        opening = self.running[start:end]
+        page = self.cache.page_size
+        if page > 1:
+            if not self.cache.decode_in_place_now():
+                return False
+            now, deferred = self.step_count, self._deferred
+            opening = [r for r in opening if deferred[r.request_id][1] == now]
+            if not opening:
+                return True
+        # an in-place step after the last opening one needs the pool still calm
+        calm_after = opening[-1] is not self.running[end - 1]
+        if not self._timed_batch(opening, self.cache.take_decode_pages, calm_after):
+            return False
+        if page > 1:  # the page holds the next ``page`` steps: due again at the one after
+            for req in opening:
+                first = deferred[req.request_id][0]
+                wake = min(now + page, first + req.max_new_tokens - req.num_output_tokens - 1)
+                deferred[req.request_id] = (first, wake)
+                self._take_up_at.setdefault(wake, []).append(req)
+        return True
 
     def _defer(self, req: Request, first_step: int) -> None:
         """Defer ``req``'s decode steps from ``first_step`` on, as many as it may."""

@@ -434,20 +434,23 @@ class PrefixCache(ABC, Generic[S]):
         self._live[req.request_id].reserved = total
 
     def decode_takes_pages(self) -> bool:
-        """Whether each decode step opens a page and, while the pool is calm, does nothing else
-        (page size 1 in radix and the no-cache baseline; hashchain's step also publishes the
-        block it fills): then ``take_decode_pages`` serves a run of deferred decoders. False by
+        """Whether a decode step that opens a page does nothing else, while the pool is calm,
+        than take it (radix and the no-cache baseline; hashchain's also publishes the block the
+        step before filled): then ``take_decode_pages`` serves deferred decoders. False by
         default."""
         return self._takes_decode_pages()
 
-    def take_decode_pages(self, reqs: Sequence[Request]) -> bool:
-        """One decode step for each of ``reqs`` (live decoders, in schedule order) where each
-        step opens a page (``decode_takes_pages``): the pages ``allocate_batch(reqs, 1)`` hands
-        such a run while the pool is calm, taken in one allocation and appended to their page
-        tables. Their reservations follow at ``advance_in_place``, for which the pages are room
-        (the engine defers these decoders and takes them up so). False, changing nothing, where
-        the steps would do more (too few pages ready, an eviction or merge due): the caller then
-        steps them one by one. ValueError (nothing changed) if this cache's steps do not take
+    def take_decode_pages(self, reqs: Sequence[Request], calm_after: bool = False) -> bool:
+        """One decode step for each of ``reqs`` (live decoders, in schedule order), each step
+        opening a page (``decode_takes_pages``; the caller vouches that each one's next token is
+        the first of a page it does not hold): the pages ``allocate_batch(reqs, 1)`` hands such
+        steps while the pool is calm, taken in one allocation and appended to their page tables.
+        Their reservations follow at ``advance_in_place``, for which the pages are room (the
+        engine defers these decoders and takes them up so). False, changing nothing, where the
+        steps would do more (too few pages ready, an eviction or merge due): the caller then
+        steps them one by one. ``calm_after``: a decode step inside held pages follows them in
+        the batch, so the take must also leave the pool calm (radix: a page still ready, else
+        that step would evict). ValueError (nothing changed) if this cache's steps do not take
         pages so, or a request is not live with its reservation at its computed tokens."""
         if not self._takes_decode_pages():
             raise ValueError(f"take_decode_pages: a decode step of {type(self).__name__} here "
@@ -461,7 +464,7 @@ class PrefixCache(ABC, Generic[S]):
                     f"take_decode_pages of {req.request_id!r}: its reservation ({live.reserved}) "
                     f"is not at its computed tokens ({req.num_computed_tokens})"
                 )
-        return self._take_decode_pages(records)  # type: ignore[arg-type]
+        return self._take_decode_pages(records, calm_after)  # type: ignore[arg-type]
 
     def commit(self, req: Request) -> None:
         """The KV of ``req.num_computed_tokens`` leading tokens is written: publish it (a
@@ -667,7 +670,7 @@ class PrefixCache(ABC, Generic[S]):
         """``decode_takes_pages``."""
         return False
 
-    def _take_decode_pages(self, records: list[LiveRequest[S]]) -> bool:
+    def _take_decode_pages(self, records: list[LiveRequest[S]], calm_after: bool) -> bool:
         """``take_decode_pages`` on checked live records (only where ``_takes_decode_pages``)."""
         raise NotImplementedError
 

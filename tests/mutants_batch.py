@@ -117,20 +117,40 @@ MUTANTS = {
         "        return self.cache.decode_in_place_now()\n",
         "        return True\n",
     ),
-    "engine: a page-1 run of deferred decoders served without taking its pages": (
+    "engine: a run of deferred decoders served without taking the pages their steps open": (
         "prefixcache/engine.py",
-        "            return bool(self._timed_batch(self.running[start:end], self.cache.take_decode_pages))",
-        "            return True",
+        "        if not self._timed_batch(opening, self.cache.take_decode_pages, calm_after):\n",
+        "        if False:\n",
     ),
     "batch: a page-1 run of deferred decoders taken though fewer pages are ready (an eviction skipped)": (
         "backends/radix/backend.py",
-        "        if len(records) > self.pool.num_ready or not self._calm():",
+        "        if len(records) + calm_after > self.pool.num_ready or not self._calm():",
         "        if not self._calm():",
     ),
     "batch: a page-1 run of deferred decoders left marked not decoding (its next commit checkpoints)": (
         "backends/radix/backend.py",
         "            live.state.decoding = True\n        return True\n",
         "        return True\n",
+    ),
+    "engine: a deferred run's openers take the last ready page though an in-place step follows": (
+        "prefixcache/engine.py",
+        "        calm_after = opening[-1] is not self.running[end - 1]\n",
+        "        calm_after = False\n",
+    ),
+    "batch: a radix take of opening steps that leaves no page for the in-place step after": (
+        "backends/radix/backend.py",
+        "        if len(records) + calm_after > self.pool.num_ready or not self._calm():",
+        "        if len(records) > self.pool.num_ready or not self._calm():",
+    ),
+    "engine: a deferred decoder that opened a page due again a step late (an opening skipped)": (
+        "prefixcache/engine.py",
+        "                wake = min(now + page, first + req.max_new_tokens - req.num_output_tokens - 1)",
+        "                wake = min(now + page + 1, first + req.max_new_tokens - req.num_output_tokens - 1)",
+    ),
+    "engine: a deferred decoder due at its last step kept deferred as if it opened a page": (
+        "prefixcache/engine.py",
+        "        return self._defer_takes_pages and self.step_count < finish\n",
+        "        return self._defer_takes_pages and self.step_count <= finish\n",
     ),
     "batch: a page-1 run of the no-cache baseline taken though fewer pages are ready": (
         "backends/none.py",
@@ -144,8 +164,8 @@ MUTANTS = {
     ),
     "engine: a decoder deferred one step past its room (a page opening skipped)": (
         "prefixcache/engine.py",
-        "        return last if self._defer_takes_pages else min(self.cache.decode_room(req), last)",
-        "        return last if self._defer_takes_pages else min(self.cache.decode_room(req) + 1, last)",
+        "        return min(self.cache.decode_room(req), last)\n",
+        "        return min(self.cache.decode_room(req) + 1, last)\n",
     ),
     "engine: a decoder deferred through the step that finishes it": (
         "prefixcache/engine.py",

@@ -93,38 +93,43 @@ def _decoders(cache: PrefixCache, prompts: list[int], kept: list[bool], shared: 
     return reqs
 
 
-PAGE_RUN_CASES = [("none", {}), ("none", {"need_sort": True}), ("radix", {}), ("radix", {"need_sort": True})]
+PAGE_RUN_CASES = [(b, p, o) for b in ("none", "radix") for p in (1, 4) for o in ({}, {"need_sort": True})]
 
 
-@pytest.mark.parametrize(("backend", "options"), PAGE_RUN_CASES,
-                         ids=[_label(b, 1, o) for b, o in PAGE_RUN_CASES])
+@pytest.mark.parametrize(("backend", "page", "options"), PAGE_RUN_CASES,
+                         ids=[_label(*c) for c in PAGE_RUN_CASES])
 def test_a_page_run_taken_at_once_leaves_what_one_allocate_after_another_leaves(
-    backend: str, options: dict
+    backend: str, page: int, options: dict
 ) -> None:
-    """The engine's deferred decoders at page size 1: ``take_decode_pages`` takes a run's pages
-    in one call and each take-up (``advance_in_place`` by one) reserves its page. Together they
-    leave exactly what ``allocate`` one request after another leaves on a copy; a refusal
-    changes nothing and comes only where one by one evicts, stops or merges staged pages (the
-    engine then steps them so, as ``allocate_batch`` here)."""
-    label = _label(backend, 1, options)
+    """The engine's deferred decoders whose step opens a page (at page size 1 every step):
+    ``take_decode_pages`` takes their pages in one call and each take-up (``advance_in_place``
+    by one) reserves its step. Together they leave exactly what ``allocate`` one request after
+    another leaves on a copy; a refusal changes nothing and comes only where one by one evicts,
+    stops or merges staged pages (the engine then steps them so, as ``allocate_batch`` here)."""
+    label = _label(backend, page, options)
     SEEN[label] = set()
 
     @settings(max_examples=60, deadline=None, database=None, derandomize=True)  # coverage asserted below
     @given(
-        prompts=st.lists(st.integers(1, 3), min_size=2, max_size=8),
+        pages=st.lists(st.integers(1, 3), min_size=2, max_size=8),
         kept=st.lists(st.booleans(), min_size=8, max_size=8),
         capacity_pages=st.integers(4, 16),
         rounds=st.lists(st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True),
                         min_size=1, max_size=40),
         shared=st.integers(0, 2),
     )
-    def run(prompts: list[int], kept: list[bool], capacity_pages: int, rounds: list[list[int]],
+    def run(pages: list[int], kept: list[bool], capacity_pages: int, rounds: list[list[int]],
             shared: int) -> None:
-        cache = make_cache(backend, CacheConfig(capacity_pages, 1), **options)
+        cache = make_cache(backend, CacheConfig(capacity_pages * page, page), **options)
         assert cache.decode_takes_pages()
-        reqs = _decoders(cache, prompts, kept, shared)
+        # whole pages of prompt: each request's first decode step opens a page
+        prompts = [max(n * page - shared * page // 2, 1) for n in pages]
+        reqs = _decoders(cache, prompts, kept, shared * page // 2)
         for round_ in rounds:
-            batch = [reqs[i] for i in round_ if i < len(reqs) and reqs[i].num_tokens < capacity_pages - 1]
+            limit = (capacity_pages - 1) * page
+            # whose next token opens a page (the engine's openers; the others step in place)
+            batch = [reqs[i] for i in round_ if i < len(reqs) and reqs[i].num_tokens < limit
+                     and len(cache.page_table(reqs[i])) * page == reqs[i].num_computed_tokens]
             if not batch:
                 continue
             for req in batch:
@@ -181,14 +186,14 @@ def test_a_page_run_past_the_ready_pages_is_refused_though_staged_pages_would_co
 
 
 def test_a_page_run_is_refused_where_a_step_does_more_than_take_a_page() -> None:
-    """ValueError, changing nothing: a cache whose decode step does more (page size > 1 here;
-    hashchain publishes the block a step fills), a request not live, one still prefilling."""
-    paged = make_cache("radix", CacheConfig(64, 4))
-    a = Request("a", [1, 2, 3])
-    assert paged.allocate(a, 3) and not paged.decode_takes_pages()
-    a.num_computed_tokens = 3
+    """ValueError, changing nothing: a cache whose decode step does more (hashchain publishes
+    the block the step before filled), a request not live, one still prefilling."""
+    vllm_like = make_cache("hashchain", CacheConfig(64, 4))
+    a = Request("a", [1, 2, 3, 4])
+    assert vllm_like.allocate(a, 4) and not vllm_like.decode_takes_pages()
+    a.num_computed_tokens = 4
     with pytest.raises(ValueError, match="does more than take a page"):
-        paged.take_decode_pages([a])
+        vllm_like.take_decode_pages([a])
     cache = make_cache("radix", CacheConfig(64, 1))
     b, c = Request("b", [1, 2, 3, 4]), Request("c", [5, 6])
     assert cache.allocate(b, 2)  # a first chunk of its prompt

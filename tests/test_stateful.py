@@ -171,14 +171,16 @@ class CacheLifecycle(Lifecycle):
     @precondition(lambda self: self._decoding() and self.cache.decode_takes_pages())
     @rule(data=st.data())
     def decode_page_run(self, data: st.DataObject) -> None:
-        """A decode step of deferred decoders where every step opens a page (page size 1), the
-        engine's way: ``take_decode_pages`` takes the run's pages at once and the take-up
+        """A decode step of deferred decoders whose steps open a page (at page size 1 every
+        one), the engine's way: ``take_decode_pages`` takes their pages at once and the take-up
         (``advance_in_place`` by one) reserves them. Together they leave exactly what
         ``allocate`` one request after another leaves on a copy; a refusal changes nothing and
         comes only where one by one evicts, stops, or merges staged pages."""
         rids = data.draw(st.lists(st.sampled_from(self._decoding()), min_size=1, unique=True))
         reqs = [self.live_reqs[rid] for rid in rids]
-        reqs = [r for r in reqs if r.num_computed_tokens < (self.capacity_pages - 1) * self.page_size]
+        p = self.page_size
+        reqs = [r for r in reqs if r.num_computed_tokens < (self.capacity_pages - 1) * p
+                and len(self.cache.page_table(r)) * p == r.num_computed_tokens]  # opens a page
         if not reqs:
             return
         for req in reqs:  # (the engine appends them at the take-up; the copy needs them now)

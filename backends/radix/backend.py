@@ -320,22 +320,23 @@ class RadixPrefixCache(RadixAdapter[_Live]):
 
     def _decode_room(self, req: Request, state: _Live) -> int:
         """A decode step inside the last page takes no page; ``_in_place_now`` says when it
-        changes nothing else. (At page size 1 every step takes one: the room is only the pages
-        ``take_decode_pages`` appended ahead of the reservation.)"""
+        changes nothing else. (Past the reservation it counts the pages ``take_decode_pages``
+        appended, at page size 1 the only room there is.)"""
         if not state.decoding:
             return 0
         return len(state.pages) * self.page_size - req.num_computed_tokens
 
     def _takes_decode_pages(self) -> bool:
-        return self.page_size == 1
+        return True
 
-    def _take_decode_pages(self, records: list[LiveRequest[_Live]]) -> bool:
-        """A run of page-1 decode steps taken as ``_extend_batch`` takes one while calm (one
-        allocation, front of the free list first), the reservations left to ``advance_in_place``."""
+    def _take_decode_pages(self, records: list[LiveRequest[_Live]], calm_after: bool) -> bool:
+        """Page-opening decode steps taken as ``_extend_batch`` takes a run of them while calm
+        (one allocation, front of the free list first), the reservations left to
+        ``advance_in_place``; with ``calm_after`` a page stays ready for the in-place step after."""
         for live in records:
             if live.request.num_computed_tokens < live.state.prefill_end:
                 raise ValueError(f"take_decode_pages of {live.request.request_id!r}, which is not decoding")
-        if len(records) > self.pool.num_ready or not self._calm():
+        if len(records) + calm_after > self.pool.num_ready or not self._calm():
             return False
         pages = self.pool.alloc(len(records))  # none merges: the run fits in the ready pages
         assert pages is not None
