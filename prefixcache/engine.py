@@ -153,7 +153,8 @@ class Engine:
         self._deferred_context_base = 0
         self._take_up_at: dict[int, list[Request]] = {}
         self._may_defer = False
-        self._defer_takes_pages = False  # deferred steps each take a page (take_decode_pages)
+        self._defer_takes_pages = False  # deferred steps that open a page take it (take_decode_pages)
+        self._every_step_opens = False  # ... and each one does (page size 1)
         self._loading: dict[str, float] = {}  # request id -> when its async host load is done
         self._link_free_at = 0.0  # the host link carries one load at a time
         self._overlapped_load_end = 0.0  # this step's same-forward loads end here
@@ -239,6 +240,7 @@ class Engine:
         cache are exact at every step."""
         if on:
             self._defer_takes_pages = self.cache.decode_takes_pages()
+            self._every_step_opens = self._defer_takes_pages and self.cache.page_size == 1
             self._may_defer = (self.multi_step and self.model is None
                                and (self.cache.page_size > 1 or self._defer_takes_pages))
             return
@@ -476,7 +478,7 @@ class Engine:
         Every running request is deferred (``_defer``) over those steps and the clock moves on:
         the records, the clock and the cache end exactly as after stepping one by one. Returns
         the tokens computed (0: take a normal step)."""
-        if not self._may_defer or (self._defer_takes_pages and self.cache.page_size == 1):
+        if not self._may_defer or self._every_step_opens:
             return 0  # (at page size 1 every step takes a page: no stretch)
         self._move_arrivals()  # as the step would begin
         running = self.running
@@ -535,17 +537,20 @@ class Engine:
         """How many coming decode steps of ``req`` may be deferred: its room in the cache (at
         page size 1, where each step takes its page in its run, every one), but not the step
         that emits its last token (it finishes there)."""
-        last = req.max_new_tokens - req.num_output_tokens - 1
-        if self._defer_takes_pages and self.cache.page_size == 1:
-            return last
-        return min(self.cache.decode_room(req), last)
+        last = self._finishing_step(req, 0)
+        return last if self._every_step_opens else min(self.cache.decode_room(req), last)
+
+    @staticmethod
+    def _finishing_step(req: Request, first: int) -> int:
+        """The step that emits ``req``'s last token, for a decoder deferred from step ``first``
+        (its outputs wait with it: they are the ones it had then)."""
+        return first + req.max_new_tokens - req.num_output_tokens - 1
 
     def _opens_a_page(self, req: Request, first: int) -> bool:
         """Whether the deferred ``req``, due now, is due because its room ran out before its
         last step: where the cache takes decode pages, its run takes this step's page for it
         and it stays deferred (``_serve_deferred_run``)."""
-        finish = first + req.max_new_tokens - req.num_output_tokens - 1  # (its outputs wait too)
-        return self._defer_takes_pages and self.step_count < finish
+        return self._defer_takes_pages and self.step_count < self._finishing_step(req, first)
 
     def _serve_deferred_run(self, start: int, end: int) -> bool:
         """Whether the deferred decoders ``running[start:end]`` take this step without being
@@ -557,7 +562,7 @@ class Engine:
             return self.cache.decode_in_place_now()
         opening = self.running[start:end]
         page = self.cache.page_size
-        if page > 1:
+        if not self._every_step_opens:
             if not self.cache.decode_in_place_now():
                 return False
             now, deferred = self.step_count, self._deferred
@@ -568,10 +573,10 @@ class Engine:
         calm_after = opening[-1] is not self.running[end - 1]
         if not self._timed_batch(opening, self.cache.take_decode_pages, calm_after):
             return False
-        if page > 1:  # the page holds the next ``page`` steps: due again at the one after
+        if not self._every_step_opens:  # the page holds the next ``page`` steps: due at the one after
             for req in opening:
                 first = deferred[req.request_id][0]
-                wake = min(now + page, first + req.max_new_tokens - req.num_output_tokens - 1)
+                wake = min(now + page, self._finishing_step(req, first))
                 deferred[req.request_id] = (first, wake)
                 self._take_up_at.setdefault(wake, []).append(req)
         return True

@@ -57,8 +57,8 @@ MUTANTS = {
     ),
     "batch: a radix page-opening step counted twice": (
         "backends/radix/backend.py",
-        "                    opened.reserved += 1\n",
-        "                    opened.reserved += 2\n",
+        "                opened.reserved += 1\n",
+        "                opened.reserved += 2\n",
     ),
     "batch: a radix run of page-opening steps that takes in a step inside its last page": (
         "backends/radix/backend.py",
@@ -129,8 +129,9 @@ MUTANTS = {
     ),
     "batch: a page-1 run of deferred decoders left marked not decoding (its next commit checkpoints)": (
         "backends/radix/backend.py",
-        "            live.state.decoding = True\n        return True\n",
-        "        return True\n",
+        "        self._open_pages(records, reserve=False)  # (none merges: they fit in the ready pages)\n",
+        "        self._open_pages(records, reserve=False)\n        for live in records:\n"
+        "            live.state.decoding = False\n",
     ),
     "engine: a deferred run's openers take the last ready page though an in-place step follows": (
         "prefixcache/engine.py",
@@ -144,13 +145,13 @@ MUTANTS = {
     ),
     "engine: a deferred decoder that opened a page due again a step late (an opening skipped)": (
         "prefixcache/engine.py",
-        "                wake = min(now + page, first + req.max_new_tokens - req.num_output_tokens - 1)",
-        "                wake = min(now + page + 1, first + req.max_new_tokens - req.num_output_tokens - 1)",
+        "                wake = min(now + page, self._finishing_step(req, first))",
+        "                wake = min(now + page + 1, self._finishing_step(req, first))",
     ),
     "engine: a deferred decoder due at its last step kept deferred as if it opened a page": (
         "prefixcache/engine.py",
-        "        return self._defer_takes_pages and self.step_count < finish\n",
-        "        return self._defer_takes_pages and self.step_count <= finish\n",
+        "        return self._defer_takes_pages and self.step_count < self._finishing_step(req, first)\n",
+        "        return self._defer_takes_pages and self.step_count <= self._finishing_step(req, first)\n",
     ),
     "batch: a page-1 run of the no-cache baseline taken though fewer pages are ready": (
         "backends/none.py",
@@ -164,13 +165,13 @@ MUTANTS = {
     ),
     "engine: a decoder deferred one step past its room (a page opening skipped)": (
         "prefixcache/engine.py",
-        "        return min(self.cache.decode_room(req), last)\n",
-        "        return min(self.cache.decode_room(req) + 1, last)\n",
+        "        return last if self._every_step_opens else min(self.cache.decode_room(req), last)\n",
+        "        return last if self._every_step_opens else min(self.cache.decode_room(req) + 1, last)\n",
     ),
     "engine: a decoder deferred through the step that finishes it": (
         "prefixcache/engine.py",
-        "        last = req.max_new_tokens - req.num_output_tokens - 1\n",
-        "        last = req.max_new_tokens - req.num_output_tokens\n",
+        "        return first + req.max_new_tokens - req.num_output_tokens - 1\n",
+        "        return first + req.max_new_tokens - req.num_output_tokens\n",
     ),
     "engine: a preempted deferred decoder released without its deferred steps": (
         "prefixcache/engine.py",

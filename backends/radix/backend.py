@@ -287,13 +287,8 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         k, count = 0, len(records)
         while k < count:
             run = self._page_opening_run(records, k, self.pool.num_ready)
-            if run and self._calm():
-                pages = self.pool.alloc(run)  # none merges: a run stops at the ready pages
-                assert pages is not None
-                for opened, page in zip(records[k : k + run], pages.tolist(), strict=True):
-                    opened.state.pages.append(page)
-                    opened.state.decoding = True
-                    opened.reserved += 1
+            if run and self._calm():  # (none merges: a run stops at the ready pages)
+                self._open_pages(records[k : k + run], reserve=True)
                 k += run
                 continue
             if not self._extend_one(k, records[k], 1, evicted):
@@ -338,12 +333,20 @@ class RadixPrefixCache(RadixAdapter[_Live]):
                 raise ValueError(f"take_decode_pages of {live.request.request_id!r}, which is not decoding")
         if len(records) + calm_after > self.pool.num_ready or not self._calm():
             return False
-        pages = self.pool.alloc(len(records))  # none merges: the run fits in the ready pages
-        assert pages is not None
-        for live, page in zip(records, pages.tolist(), strict=True):
-            live.state.pages.append(page)
-            live.state.decoding = True
+        self._open_pages(records, reserve=False)  # (none merges: they fit in the ready pages)
         return True
+
+    def _open_pages(self, records: list[LiveRequest[_Live]], reserve: bool) -> None:
+        """A decode step that opens a page for each record, calm and within the ready pages:
+        one allocation, front of the free list first, in order; ``reserve``: their reservations
+        too (a deferred decoder's wait for ``advance_in_place``)."""
+        pages = self.pool.alloc(len(records))
+        assert pages is not None
+        for opened, page in zip(records, pages.tolist(), strict=True):
+            opened.state.pages.append(page)
+            opened.state.decoding = True
+            if reserve:
+                opened.reserved += 1
 
     def _in_place_now(self) -> bool:
         """While calm (``_calm``: a page free, nothing staged to merge), as the in-place
