@@ -13,20 +13,20 @@ SUITES = [
 # name -> (file, original text, mutated text); the original text occurs exactly once
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "radix swa: tombstone treated as live (match does not reset at a tombstone)": (
-        "backends/radix/swa_tree.py",
+        "backends/radix/components/swa.py",
         "            if node.swa is None:\n                since = 0\n",
         "            if False:\n                since = 0\n",
     ),
     "radix swa: an SWA lock does not move the node out of the evictable size": (
-        "backends/radix/swa_tree.py",
+        "backends/radix/components/swa.py",
         "            if cur.swa_lock == 0 and cur.swa is not None:\n"
-        "                self.swa_evictable -= len(cur.swa)",
-        "            if False:\n                self.swa_evictable -= len(cur.swa)",
+        "                self.evictable -= len(cur.swa)",
+        "            if False:\n                self.evictable -= len(cur.swa)",
     ),
     "radix swa: the SWA lock stops one token short of the window": (
-        "backends/radix/swa_tree.py",
-        "        while cur is not self.root and covered < self.window:",
-        "        while cur is not self.root and covered < self.window - 1:",
+        "backends/radix/components/swa.py",
+        "        while cur is not self.tree.root and covered < self.window:",
+        "        while cur is not self.tree.root and covered < self.window - 1:",
     ),
     "radix swa: a running request frees SWA KV still inside its window": (
         "backends/radix/swa_backend.py",
@@ -34,12 +34,12 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        threshold = pre_len - self.window + 2",
     ),
     "radix swa: insert ignores the inserter's SWA frontier (no tombstone for freed SWA)": (
-        "backends/radix/swa_tree.py",
+        "backends/radix/components/swa.py",
         "        live_start = max(start, evicted)\n",
         "        live_start = start\n",
     ),
     "radix swa: SWA eviction takes the MRU end": (
-        "backends/radix/swa_node.py",
+        "backends/radix/components/swa.py",
         "        return self.prev_unlocked(self.tail)",
         "        x = self.head.lru_next\n        return None if x is self.tail else x",
     ),
@@ -87,8 +87,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix eagle: the SWA tree is built with plain keys": (
         "backends/radix/swa_backend.py",
-        "SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle, events=self.events)",
-        "SWARadixTree(p, self.window, self.pool, events=self.events)",
+        "swa_tree(p, self.swa, is_eagle=self.is_eagle, events=self.events)",
+        "swa_tree(p, self.swa, events=self.events)",
     ),
     "radix eagle: the Mamba cache silently accepts is_eagle": (
         "backends/radix/mamba_backend.py",

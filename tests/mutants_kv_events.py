@@ -39,7 +39,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "kv events unified tree: no BlockRemoved for a deleted node (SWA, Mamba)": (
         "backends/radix/unified_tree.py",
-        "            self.events.record_remove(node)",
+        "            self.events.record_remove(leaf)",
         "            pass",
     ),
     "kv events unified tree: no BlockStored for a new leaf (SWA, Mamba)": (

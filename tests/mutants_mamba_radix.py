@@ -11,7 +11,7 @@ SUITES = [
     "tests/test_stateful_mamba_radix.py",
 ]
 
-_TREE = "backends/radix/mamba_tree.py"
+_TREE = "backends/radix/components/mamba.py"
 _BACKEND = "backends/radix/mamba_backend.py"
 _POOL = "backends/radix/mamba_pool.py"
 
@@ -31,8 +31,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # checkpoint (the match is not cut back to the deepest node holding a state).
     "mamba radix: state hit off the checkpoint": (
         _TREE,
-        "        walk = self._match_walk(key, lambda node: node.mamba is not None)\n",
-        "        walk = self._match_walk(key, lambda node: True)\n",
+        "        return lambda node: node.mamba is not None\n",
+        "        return lambda node: True\n",
     ),
     # The Mamba lock no longer pins the locked node's state against Mamba eviction.
     "mamba radix: Mamba lock ignored by state eviction": (
@@ -54,21 +54,21 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     # Full eviction takes the most recently used leaf.
     "mamba radix: full eviction MRU first": (
-        _TREE,
-        "leaf = min(leaves, key=lambda n: n.last_access_time)",
-        "leaf = max(leaves, key=lambda n: n.last_access_time)",
+        "backends/radix/unified_tree.py",
+        "        heap = [(n.last_access_time, n) for n in self.leaves]\n",
+        "        heap = [(-n.last_access_time, n) for n in self.leaves]\n",
     ),
     # Mamba eviction walks its LRU from the new end.
     "mamba radix: state eviction MRU first": (
         _TREE,
-        "            holders = list(self.lru.values())\n",
-        "            holders = list(reversed(self.lru.values()))\n",
+        "        holders = list(self.lru.values())\n",
+        "        holders = list(reversed(self.lru.values()))\n",
     ),
     # A match refreshes nothing in the Mamba LRU (SGLang: the used state goes to MRU).
     "mamba radix: match does not refresh the used state": (
         _TREE,
-        "        if walk.best.mamba is not None:\n            self.lru.move_to_end(walk.best.id)\n",
-        "        if False:\n            self.lru.move_to_end(walk.best.id)\n",
+        "        if node.mamba is not None:\n            self.lru.move_to_end(node.id)\n",
+        "        if False:\n            self.lru.move_to_end(node.id)\n",
     ),
     # No state copied at a prefill chunk end (SGLang's cache_unfinished_req stores one).
     "mamba radix: no state at chunk ends": (

@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prefixcache.backends.radix.components.mamba import MambaComponent, mamba_tree
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
-from prefixcache.backends.radix.mamba_tree import MambaNode, MambaRadixTree
+from prefixcache.backends.radix.tree import TreeNode
+from prefixcache.backends.radix.unified_tree import LockReceipt, UnifiedRadixTree
 from prefixcache.experiments.upstream.kv_event_cases import event_json
 
 from prefixcache import CacheConfig, Request
@@ -33,9 +35,9 @@ FIXTURES = [p for p in _ALL if not p.stem.startswith("sglang_mamba_req")]  # tre
 REQUEST_FIXTURES = [p for p in _ALL if p.stem.startswith("sglang_mamba_req")]  # request lifecycles
 
 
-def _states(tree: MambaRadixTree) -> list[list[Any]]:
+def _states(tree: UnifiedRadixTree) -> list[list[Any]]:
     out: list[list[Any]] = []
-    stack: list[tuple[MambaNode, list[int]]] = [(tree.root, [])]
+    stack: list[tuple[TreeNode, list[int]]] = [(tree.root, [])]
     while stack:
         node, path = stack.pop()
         for child in node.children.values():
@@ -47,13 +49,14 @@ def _states(tree: MambaRadixTree) -> list[list[Any]]:
 
 
 def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]]:
-    """The driver's ops through MambaRadixTree over two PagePools (the same alloc/free calls);
+    """The driver's ops through the FULL + MAMBA tree over two PagePools (the same alloc/free calls);
     ``events``: with a KV event recorder, each record holds the events drained after its op."""
     kv = PagePool(sc["kv_tokens"] + 1)
     states = PagePool(sc["mamba_slots"] + 1)
     recorder = RadixEventRecorder(1) if events else None
-    tree = MambaRadixTree(kv.free, lambda slot: states.free([slot]), events=recorder)
-    locks: dict[str, MambaNode] = {}
+    mamba = MambaComponent(lambda slot: states.free([slot]))
+    tree = mamba_tree(kv.free, mamba, events=recorder)
+    locks: dict[str, LockReceipt] = {}
     out: list[dict[str, Any]] = []
     for op in sc["ops"]:
         rec: dict[str, Any] = {}
@@ -65,28 +68,27 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             if ok:
                 idx, slot = kv.alloc(len(key)), states.alloc(1)
                 assert idx is not None and slot is not None
-                res = tree.insert(key, idx, int(slot[0]))
-                if res.mamba_exist:
+                res = tree.insert(key, idx, mamba=int(slot[0]))
+                if res.exist:
                     states.free(slot)
                 rec["prefix_len"] = res.prefix_len
-                rec["mamba_exist"] = res.mamba_exist
+                rec["mamba_exist"] = res.exist
         elif kind in ("match", "lock"):
             m = tree.match_prefix(key)
             rec["length"] = m.length
-            rec["full_length"] = m.full_length
+            rec["full_length"] = m.full_hit
             rec["indices"] = m.indices.tolist()
             rec["state"] = m.node.mamba
             assert np.array_equal(tree.path_indices(m.node), m.indices)
             if kind == "lock":
-                tree.inc_lock_ref(m.node)
-                locks[op["name"]] = m.node
+                locks[op["name"]] = tree.inc_lock_ref(m.node)
         elif kind == "unlock":
             tree.dec_lock_ref(locks.pop(op["name"]))
         elif kind == "evict":
             rec["freed"] = list(tree.evict(op["full"], op["mamba"]))
         else:
             raise ValueError(f"unknown op {kind!r}")
-        rec["pools"] = [kv.num_free, states.num_free, tree.full_evictable, tree.mamba_evictable]
+        rec["pools"] = [kv.num_free, states.num_free, tree.full_evictable, mamba.evictable]
         rec["states"] = _states(tree)
         if recorder is not None:
             rec["events"] = [event_json(e) for e in recorder.take_events()]
@@ -180,7 +182,7 @@ def replay_requests(sc: dict[str, Any]) -> list[dict[str, Any]]:
             rec["kv"] = cache.page_tables(req)[0][: req.num_computed_tokens]
             rec["protected"] = cache._live[req.request_id].state.protected
         tree = cache.tree
-        rec["pools"] = [cache.kv.num_free, cache.states.num_free, tree.full_evictable, tree.mamba_evictable]
+        rec["pools"] = [cache.kv.num_free, cache.states.num_free, tree.full_evictable, cache.mamba.evictable]
         rec["states"] = _states(tree)
         cache.check_invariants()
         out.append(rec)

@@ -8,30 +8,31 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from prefixcache.backends.radix import RadixPrefixCache
+from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.swa_backend import SWARadixPrefixCache
 from prefixcache.backends.radix.swa_pool import SWAPagePool, swa_pool_sizes
-from prefixcache.backends.radix.swa_tree import SWARadixTree
+from prefixcache.backends.radix.unified_tree import UnifiedRadixTree
 
 from prefixcache import CacheConfig, Request, make_cache
 
 SWA4 = [("sliding_window", 4), ("full",)]
 
 
-def tree(window: int = 4, page_size: int = 1, full: int = 64, swa: int = 64) -> SWARadixTree:
-    return SWARadixTree(page_size, window, SWAPagePool(full + 1, swa + 1, page_size=page_size))
+def tree(window: int = 4, page_size: int = 1, full: int = 64, swa: int = 64) -> UnifiedRadixTree:
+    return swa_tree(page_size, SWAComponent(window, SWAPagePool(full + 1, swa + 1, page_size=page_size)))
 
 
-def put(t: SWARadixTree, tokens: list[int], evicted: int = 0) -> tuple[int, object]:
+def put(t: UnifiedRadixTree, tokens: list[int], evicted: int = 0) -> tuple[int, object]:
     """Allocate slots from both pools (as SGLang's alloc), free the SWA below ``evicted``, insert."""
     p = t.page_size
-    pages = t.pool.alloc(-(-len(tokens) // p))
+    pages = t.component.pool.alloc(-(-len(tokens) // p))
     assert pages is not None
-    t.pool.free_swa(pages[: evicted // p])
+    t.component.pool.free_swa(pages[: evicted // p])
     slots = (pages[:, None] * p + np.arange(p)).reshape(-1)[: len(tokens)]
-    out = t.insert(RadixKey(tokens), slots, 0, evicted)
+    out = t.insert(RadixKey(tokens), slots, 0, swa_evicted_seqlen=evicted)
     t.check()
-    return out
+    return out.prefix_len, out.node
 
 
 def run(cache: SWARadixPrefixCache, req: Request, n: int | None = None) -> None:
@@ -119,7 +120,7 @@ def test_an_insert_below_the_inserters_frontier_leaves_a_tombstone_leaf() -> Non
     t = tree(window=4)
     assert put(t, [1, 2, 3], evicted=3)[0] == 0
     (leaf,) = t.root.children.values()
-    assert leaf.tombstone and not leaf.children and t.full_evictable == 3 and t.swa_evictable == 0
+    assert leaf.tombstone and not leaf.children and t.full_evictable == 3 and t.component.evictable == 0
     assert t.match_prefix(RadixKey([1, 2, 3])).length == 0
 
 
@@ -128,7 +129,7 @@ def test_a_fresh_leaf_longer_than_a_window_is_split_to_one_window() -> None:
     _, leaf = put(t, list(range(1, 17)))  # 16 tokens, window 6 -> a tail of 8 (whole pages)
     assert len(leaf.key) == 8 and len(leaf.parent.key) == 8 and not leaf.tombstone
     lock = t.inc_lock_ref(leaf)
-    assert t.swa_protected == 8 and t.swa_evictable == 8  # the SWA lock pins one window only
+    assert t.component.protected == 8 and t.component.evictable == 8  # the SWA lock pins one window only
     assert t.full_protected == 16
     t.dec_lock_ref(lock)
     t.check()
@@ -139,9 +140,9 @@ def test_an_insert_revives_a_tombstone_with_the_inserters_kv() -> None:
     put(t, [1, 2, 3, 4])  # [1,2] [3,4]
     t.evict(0, 1)  # tombstones [1,2]
     assert t.match_prefix(RadixKey([1, 2])).length == 0
-    free_full = t.pool.full.num_free
+    free_full = t.component.pool.full.num_free
     assert put(t, [1, 2])[0] == 2  # unlocked tombstone: adopts the new full + SWA KV
-    assert t.pool.full.num_free == free_full  # the old full-only KV was freed for the new
+    assert t.component.pool.full.num_free == free_full  # the old full-only KV was freed for the new
     assert t.match_prefix(RadixKey([1, 2])).length == 2
 
 
@@ -149,7 +150,7 @@ def test_a_locked_tombstone_keeps_its_full_kv_and_takes_only_the_swa() -> None:
     t = tree(window=2)
     put(t, [1, 2, 3, 4])
     t.evict(0, 1)
-    node = t.match_prefix(RadixKey([1, 2, 3, 4])).last_node.parent
+    node = t.match_prefix(RadixKey([1, 2, 3, 4])).node.parent
     assert node.tombstone
     old_full = node.value.copy()
     lock = t.inc_lock_ref(node)
@@ -163,10 +164,10 @@ def test_an_early_swa_release_never_tombstones_under_a_lock_ref() -> None:
     t = tree(window=2)
     _, leaf = put(t, [1, 2])
     lock = t.inc_lock_ref(leaf)
-    t.release_swa_early(lock)
-    assert not leaf.tombstone and t.swa_evictable == 2 and t.full_protected == 2
+    t.component.release_swa_early(lock)
+    assert not leaf.tombstone and t.component.evictable == 2 and t.full_protected == 2
     t.dec_lock_ref(lock, swa_released=True)
-    assert (t.full_evictable, t.swa_evictable, t.full_protected, t.swa_protected) == (2, 2, 0, 0)
+    assert (t.full_evictable, t.component.evictable, t.full_protected, t.component.protected) == (2, 2, 0, 0)
     t.check()
 
 
@@ -176,9 +177,9 @@ def test_full_eviction_is_oldest_leaf_first_and_swa_eviction_skips_locked_window
     put(t, [5, 6])
     put(t, [1, 2, 3, 4])  # stamps [1, 2] again: [5, 6] is the oldest leaf
     assert t.evict(1, 0) == (2, 2) and t.match_prefix(RadixKey([5, 6])).length == 0
-    lock = t.inc_lock_ref(t.match_prefix(RadixKey([1, 2, 3, 4])).last_node)  # SWA lock on [3, 4]
+    lock = t.inc_lock_ref(t.match_prefix(RadixKey([1, 2, 3, 4])).node)  # SWA lock on [3, 4]
     assert t.evict(0, 8) == (0, 2)  # only [1, 2]'s SWA is unlocked: tombstoned, full kept
-    assert t.full_evictable == 0 and t.swa_protected == 2
+    assert t.full_evictable == 0 and t.component.protected == 2
     t.dec_lock_ref(lock)
     t.check()
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.swa_pool import SWAPagePool, swa_pool_sizes
-from prefixcache.backends.radix.swa_tree import LockReceipt, SWARadixTree
+from prefixcache.backends.radix.unified_tree import LockReceipt
 from prefixcache.experiments.upstream.kv_event_cases import event_json
 from prefixcache.experiments.upstream.sglang_hybrid_driver import replay_requests_ours
 
@@ -47,12 +48,13 @@ def _diffs(ours: list[dict[str, Any]], fixture: dict[str, Any]) -> list[str]:
 
 
 def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]]:
-    """The driver's ops through SWARadixTree + SWAPagePool (the same alloc/free calls);
+    """The driver's ops through the FULL + SWA tree over SWAPagePool (the same alloc/free calls);
     ``events``: with a KV event recorder, each record holds the events drained after its op."""
     p = sc["page_size"]
     pool = SWAPagePool(sc["full_tokens"] // p + 1, sc["swa_tokens"] // p + 1, page_size=p)
     recorder = RadixEventRecorder(p) if events else None
-    tree = SWARadixTree(p, sc["window"], pool, is_eagle=sc.get("is_eagle", False), events=recorder)
+    swa = SWAComponent(sc["window"], pool)
+    tree = swa_tree(p, swa, is_eagle=sc.get("is_eagle", False), events=recorder)
     locks: dict[str, tuple[LockReceipt, list[bool]]] = {}
     out: list[dict[str, Any]] = []
 
@@ -69,20 +71,21 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             if pages is not None:
                 ev = op.get("evicted", 0)
                 pool.free_swa(pages[: ev // p])
-                rec["prefix_len"], _ = tree.insert(RadixKey(op["tokens"]), slots(pages)[:n], 0, ev)
+                res = tree.insert(RadixKey(op["tokens"]), slots(pages)[:n], 0, swa_evicted_seqlen=ev)
+                rec["prefix_len"] = res.prefix_len
         elif kind in ("match", "lock"):
             m = tree.match_prefix(RadixKey(op["tokens"]))
-            full = tree.path_indices(m.last_node)
-            rec["length"], rec["full"], rec["swa"] = m.length, full.tolist(), tree.to_swa(full).tolist()
+            full = tree.path_indices(m.node)
+            rec["length"], rec["full"], rec["swa"] = m.length, full.tolist(), swa.to_swa(full).tolist()
             if kind == "lock":
-                locks[op["name"]] = (tree.inc_lock_ref(m.last_node), [False])
+                locks[op["name"]] = (tree.inc_lock_ref(m.node), [False])
         elif kind == "unlock":
             receipt, released = locks.pop(op["name"])
             tree.dec_lock_ref(receipt, swa_released=released[0])
         elif kind == "release_swa":
             receipt, released = locks[op["name"]]
             if not released[0]:
-                tree.release_swa_early(receipt)
+                swa.release_swa_early(receipt)
                 released[0] = True
         elif kind == "evict":
             rec["freed"] = list(tree.evict(op["full"], op["swa"]))
@@ -90,7 +93,7 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             pool.full.num_free * p,
             pool.swa.num_free * p,
             tree.full_evictable,
-            tree.swa_evictable,
+            swa.evictable,
         ]
         if recorder is not None:
             rec["events"] = [event_json(e) for e in recorder.take_events()]

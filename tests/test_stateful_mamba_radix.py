@@ -29,7 +29,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
-from prefixcache.backends.radix.mamba_tree import MambaNode
+from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache import CacheConfig, Match, Request
 from tests.stateful_lifecycle import Lifecycle, ShadowKV
@@ -42,7 +42,7 @@ SEEN: defaultdict[str, Counter[str]] = defaultdict(Counter)
 def tree_states(cache: MambaRadixPrefixCache) -> dict[int, tuple]:
     """{state slot: (namespace, path tokens)} of every tree node holding a state."""
     out: dict[int, tuple] = {}
-    stack: list[tuple[MambaNode, tuple]] = [(cache.tree.root, ())]
+    stack: list[tuple[TreeNode, tuple]] = [(cache.tree.root, ())]
     while stack:
         node, path = stack.pop()
         for child in node.children.values():

@@ -28,10 +28,11 @@ from typing import cast
 import numpy as np
 from prefixcache.backends.radix.adapter import RadixAdapter
 from prefixcache.backends.radix.backend import request_key
+from prefixcache.backends.radix.components.mamba import MambaComponent, mamba_tree
 from prefixcache.backends.radix.mamba_marconi import marconi_order
 from prefixcache.backends.radix.mamba_pool import DEFAULT_MAMBA_FULL_MEMORY_RATIO, mamba_pool_sizes
-from prefixcache.backends.radix.mamba_tree import MambaNode, MambaRadixTree
-from prefixcache.backends.radix.tree import SlotArray
+from prefixcache.backends.radix.tree import SlotArray, TreeNode
+from prefixcache.backends.radix.unified_tree import LockReceipt, UnifiedRadixTree
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, Match, PageUsage, ensure
@@ -46,7 +47,7 @@ EVICTIONS = ("lru", "marconi")
 @dataclass(frozen=True, slots=True, eq=False)
 class MambaTreeMatch(Match):
     indices: SlotArray  # KV slots of the hit, in token order
-    node: MambaNode  # deepest node holding a state on the path (the root for none)
+    node: TreeNode  # deepest node holding a state on the path (the root for none)
     full_length: int  # what the full KV alone would match: the shared-prefix junction
 
 
@@ -54,7 +55,7 @@ class MambaTreeMatch(Match):
 class _Live:
     pages: PageTable  # [0, protected) tree slots, then the request's own (page size 1)
     protected: int  # cache_protected_len
-    node: MambaNode  # holds the lock; path_indices(node) == pages[:protected]
+    lock: LockReceipt  # its node holds the lock; path_indices(lock.node) == pages[:protected]
     state: int  # the request's own state slot (SGLang's req.kv.mamba_pool_idx); 0 once donated
     cow_source: int  # the state slot the hit was copied from (0: a fresh state)
     junction: int  # Marconi: shared-prefix length to checkpoint at (0: none pending)
@@ -76,7 +77,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
       node, ``cow_source(req)``; a fresh zero state if the hit is 0) and, once the model has
       run, the state after exactly ``req.num_computed_tokens`` tokens. It stays the same slot
       for the request's whole life (0 if none).
-    - A tree state slot (``MambaNode.mamba``) holds the state after exactly the tokens from the
+    - A tree state slot (``TreeNode.mamba``) holds the state after exactly the tokens from the
       root to its node's end; a hit always ends at such a node (the state is exact only there).
       ``state_slots()`` lists them with their lengths.
 
@@ -91,7 +92,8 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
     min-max normalised over the candidates, lowest evicted first).
     """
 
-    tree: MambaRadixTree
+    tree: UnifiedRadixTree
+    mamba: MambaComponent  # the tree's MAMBA component
 
     def __init__(
         self,
@@ -153,7 +155,8 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         # One tree for the cache's life: its reset keeps the version counting, so a match
         # taken before a reset is revalidated after it (a new tree restarted the count).
         self.events = self._event_recorder(kv_events, False)
-        self.tree = MambaRadixTree(self._free_slots, self._free_state, order, events=self.events)
+        self.mamba = MambaComponent(self._free_state)
+        self.tree = mamba_tree(self._free_slots, self.mamba, order, events=self.events)
 
     def _new_pools(self) -> None:
         self.kv = PagePool(self.sizes.kv_tokens + 1)
@@ -188,7 +191,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
                 out.append((self._depth(node), node.mamba))
         return sorted(out)
 
-    def _depth(self, node: MambaNode) -> int:
+    def _depth(self, node: TreeNode) -> int:
         n = 0
         while node.parent is not None:
             n += len(node.key)
@@ -204,7 +207,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
                 f"holds {self.sizes.kv_tokens} (Mamba hybrid: {self.sizes.states} state slots)"
             )
 
-    def _marconi_order(self, nodes: list[MambaNode]) -> list[MambaNode]:
+    def _marconi_order(self, nodes: list[TreeNode]) -> list[TreeNode]:
         return marconi_order(
             nodes,
             self._depth,
@@ -220,7 +223,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         """One free state slot, evicting one tree state (SGLang: evict_for_alloc mamba_num=1)
         if none is free; False if every state is locked."""
         if self.states.num_free == 0:
-            if self.tree.mamba_evictable == 0:
+            if self.mamba.evictable == 0:
                 return False
             self.stats.evicted_tokens += self.tree.evict(0, 1)[0]
         return self.states.num_free > 0
@@ -241,7 +244,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
     def _match(self, req: Request) -> MambaTreeMatch:
         m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
         return MambaTreeMatch(
-            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.node, m.full_length
+            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.node, m.full_hit
         )
 
     def _revalidate(self, match: Match) -> MambaTreeMatch:
@@ -250,12 +253,12 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
 
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _Live | None:
         m = cast(MambaTreeMatch, match)
-        self.tree.inc_lock_ref(m.node)  # first: making room cannot evict our hit
-        if self.states.num_free == 0 and self.tree.mamba_evictable == 0:
-            self.tree.dec_lock_ref(m.node)
+        lock = self.tree.inc_lock_ref(m.node)  # first: making room cannot evict our hit
+        if self.states.num_free == 0 and self.mamba.evictable == 0:
+            self.tree.dec_lock_ref(lock)
             return None
         if num_new_tokens > self.kv.num_free + self.tree.full_evictable:
-            self.tree.dec_lock_ref(m.node)
+            self.tree.dec_lock_ref(lock)
             return None
         ok = self._room_for_state()  # a tombstone or leaf deletion leaves the KV check true
         assert ok
@@ -266,7 +269,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         if self.mamba_admission == "marconi" and m.tokens < m.full_length < req.num_tokens:
             junction = m.full_length  # a branch point with no state yet: checkpoint it
         pages = PageTable(np.concatenate([m.indices, slots]))
-        return _Live(pages, m.tokens, m.node, state, m.node.mamba or 0, junction, req.num_tokens)
+        return _Live(pages, m.tokens, lock, state, m.node.mamba or 0, junction, req.num_tokens)
 
     def _extend(self, req: Request, state: _Live, total_tokens: int) -> bool:
         live = state
@@ -286,15 +289,14 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         the state (it had none there)."""
         key = request_key(req)[:length]
         own = live.pages[:length]
-        res = self.tree.insert(key, own, mamba, prev_prefix_len=live.protected)
+        res = self.tree.insert(key, own, live.protected, mamba=mamba)
         path = self.tree.path_indices(res.node)
         assert len(path) == length, f"insert ended at {len(path)} of {length} tokens"
         if length > live.protected:
             live.pages[live.protected : length] = path[live.protected :]
-            self.tree.dec_lock_ref(live.node)
-            self.tree.inc_lock_ref(res.node)
-            live.node, live.protected = res.node, length
-        return mamba is not None and not res.mamba_exist
+            self.tree.dec_lock_ref(live.lock)
+            live.lock, live.protected = self.tree.inc_lock_ref(res.node), length
+        return mamba is not None and not res.exist
 
     def _checkpoint_unfinished(self, req: Request, live: _Live) -> None:
         computed = req.num_computed_tokens
@@ -328,7 +330,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
             self._free_state(live.state)
             live.state = 0
         self.kv.free(live.pages[live.protected : computed])
-        self.tree.dec_lock_ref(live.node)
+        self.tree.dec_lock_ref(live.lock)
         self.kv.free(live.pages[computed:])
 
     def _evict(self, num_tokens: int) -> int:
@@ -367,7 +369,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         return self.usage().in_use * layout.count("full") + self.state_usage().in_use * state_units
 
     def state_usage(self) -> PageUsage:
-        free, evictable = self.states.num_free, self.tree.mamba_evictable
+        free, evictable = self.states.num_free, self.mamba.evictable
         return PageUsage(free, evictable, self.sizes.states - free - evictable)
 
     def check_invariants(self) -> None:
@@ -403,11 +405,11 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
             # SGLang's acquire_component_lock skips the root: a request admitted with hit 0
             # holds no lock until its first checkpoint (or its release) moves it to a node.
             ensure(
-                live.node is self.tree.root or live.node.mamba_lock > 0,
+                live.lock.node is self.tree.root or live.lock.node.mamba_lock > 0,
                 f"{rid!r}: its node is not Mamba-locked",
             )
             ensure(
-                np.array_equal(self.tree.path_indices(live.node), live.pages[: live.protected]),
+                np.array_equal(self.tree.path_indices(live.lock.node), live.pages[: live.protected]),
                 f"{rid!r}: its protected prefix is not its locked node's path",
             )
             own_kv.extend(live.pages[live.protected :].tolist())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prefixcache.backends.radix.mamba_tree import MambaNode
+from prefixcache.backends.radix.tree import TreeNode
 
 
 def prefix_flops(num_tokens: int, n_linear: int, n_full: int, d_model: int) -> float:
@@ -18,22 +18,22 @@ def prefix_flops(num_tokens: int, n_linear: int, n_full: int, d_model: int) -> f
 
 
 def marconi_order(
-    nodes: list[MambaNode],
-    depth: Callable[[MambaNode], int],
+    nodes: list[TreeNode],
+    depth: Callable[[TreeNode], int],
     *,
     n_linear: int,
     n_full: int,
     state_units: int,
     alpha: float,
     d_model: int,
-) -> list[MambaNode]:
+) -> list[TreeNode]:
     """``nodes`` lowest utility first. A node's memory is its state (``state_units``, if it holds
     one) plus its edge's KV (``len(key) x n_full`` units); the FLOPs it saves are those of the
     prefix up to its end (``depth``). Ties go to the older node, then the lower id."""
     if not nodes:
         return []
 
-    def efficiency(node: MambaNode) -> float:
+    def efficiency(node: TreeNode) -> float:
         flops = prefix_flops(depth(node), n_linear, n_full, d_model)
         memory = (state_units if node.mamba is not None else 0) + len(node.key) * n_full
         return flops / memory

@@ -3,7 +3,7 @@
 
 Request flow, in our hooks (SGLang's names)::
 
-    lookup   match_prefix(all tokens but the last): the window rule (swa_tree.py)
+    lookup   match_prefix(all tokens but the last): the window rule (components/swa.py)
     allocate first: inc_lock_ref(last node), evict_for_alloc for each pool's shortfall, take the
              same pages from both pools. Decode steps past the first: maybe_evict_swa, i.e.
              free_swa_out_of_window_slots once ``swa_eviction_interval`` tokens slid out.
@@ -37,14 +37,15 @@ from typing import cast
 import numpy as np
 from prefixcache.backends.radix.adapter import RadixAdapter
 from prefixcache.backends.radix.backend import request_key
+from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
 from prefixcache.backends.radix.swa_pool import (
     DEFAULT_SWA_FULL_TOKENS_RATIO,
     SWAPagePool,
     swa_pool_sizes,
     swa_window,
 )
-from prefixcache.backends.radix.swa_tree import LockReceipt, SWANode, SWARadixTree
-from prefixcache.backends.radix.tree import SlotArray
+from prefixcache.backends.radix.tree import SlotArray, TreeNode
+from prefixcache.backends.radix.unified_tree import LockReceipt, UnifiedRadixTree
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, ensure
@@ -58,7 +59,7 @@ DEFAULT_SWA_EVICTION_INTERVAL = 128  # SGLANG_SWA_EVICTION_INTERVAL
 @dataclass(frozen=True, slots=True, eq=False)
 class SWATreeMatch(Match):
     indices: SlotArray  # full-pool slots of the matched tokens
-    last_node: SWANode
+    last_node: TreeNode
     full_hit: int  # full_kv_hit_length: tokens whose full KV matched, past the window rule
 
 
@@ -76,7 +77,8 @@ class _SWALive:
 
 
 class SWARadixPrefixCache(RadixAdapter[_SWALive]):
-    tree: SWARadixTree
+    tree: UnifiedRadixTree
+    swa: SWAComponent  # the tree's SWA component
 
     def __init__(
         self,
@@ -117,7 +119,8 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
     def _new_pools(self) -> None:
         p = self.page_size
         self.pool = SWAPagePool(self.sizes.full_tokens // p + 1, self.sizes.swa_tokens // p + 1, page_size=p)
-        self.tree = SWARadixTree(p, self.window, self.pool, is_eagle=self.is_eagle, events=self.events)
+        self.swa = SWAComponent(self.window, self.pool)
+        self.tree = swa_tree(p, self.swa, is_eagle=self.is_eagle, events=self.events)
 
     # ------------------------------------------------------------------ layout
     def kv_groups(self) -> tuple[KVGroup, ...]:
@@ -163,7 +166,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         full_short = max(0, demand - pool.full.num_free * p)
         swa_short = max(0, demand - pool.swa.num_free * p)
         if full_short or swa_short:
-            freed, _ = tree.evict(full_short, swa_short, to_available=True)
+            freed, _ = tree.evict(full_short, swa_short)
             self.stats.evicted_tokens += freed
         pages = pool.alloc(num_pages)
         assert pages is not None, "eviction made less room than its evictable sizes promised"
@@ -175,7 +178,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         pool, tree = self.pool, self.tree
         return (
             num_pages <= pool.full.num_free + tree.full_evictable // p
-            and num_pages <= pool.swa.num_free + swa_bonus + tree.swa_evictable // p
+            and num_pages <= pool.swa.num_free + swa_bonus + self.swa.evictable // p
         )
 
     def _out_of_window(self, live: _SWALive, pre_len: int) -> tuple[int, int] | None:
@@ -202,7 +205,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
     def _match(self, req: Request) -> SWATreeMatch:
         m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
         return SWATreeMatch(
-            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, m.full_hit
+            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.node, m.full_hit
         )
 
     def _revalidate(self, match: Match) -> SWATreeMatch:
@@ -266,7 +269,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         if aligned == 0:
             return
         own = self._slots(live.pages[: aligned // p])
-        _, node = self.tree.insert(key, own, live.protected, live.swa_evicted)
+        node = self.tree.insert(key, own, live.protected, swa_evicted_seqlen=live.swa_evicted).node
         path = self.tree.path_indices(node)
         assert len(path) == aligned, f"insert ended at {len(path)} of {aligned} tokens"
         live.pages[live.protected // p : aligned // p] = self._pages_of(path[live.protected :])
@@ -356,7 +359,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
     def swa_usage(self) -> PageUsage:
         """The sliding-window pool's pages, the same three ways."""
         free = self.pool.swa.num_free
-        evictable = self.tree.swa_evictable // self.page_size
+        evictable = self.swa.evictable // self.page_size
         return PageUsage(free, evictable, self.pool.swa.num_pages - 1 - free - evictable)
 
     def check_invariants(self) -> None:

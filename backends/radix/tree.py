@@ -46,9 +46,9 @@ class TreeNode:
     host backup (HiCache, hicache_tree.py): ``host_value`` (host slots; None = no copy),
     ``write_ack`` (the write-through copy in flight), ``host_lock_ref`` (pinned on host) and
     ``load_pending`` (write_back: loaded, not yet acked);
-    SWA (swa_tree.py): ``swa`` (SWA-pool slots; None = tombstone), ``swa_lock``, ``swa_uuid``
+    SWA (components/swa.py): ``swa`` (SWA-pool slots; None = tombstone), ``swa_lock``, ``swa_uuid``
     (where an SWA lock's window ends) and the SWA LRU links ``lru_prev`` / ``lru_next``;
-    MAMBA (mamba_tree.py): ``mamba`` (one state slot; None = tombstone) and ``mamba_lock``.
+    MAMBA (components/mamba.py): ``mamba`` (one state slot; None = tombstone) and ``mamba_lock``.
     ``lock_ref`` is the FULL component's lock in every tree.
     """
 

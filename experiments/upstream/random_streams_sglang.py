@@ -363,7 +363,7 @@ def replay_mamba_ours(sc: Stream) -> Records:
             rec["kv"] = cache.page_tables(req)[0][: req.num_computed_tokens]
             rec["protected"] = cache._live[req.request_id].state.protected
         tree = cache.tree
-        rec["pools"] = [cache.kv.num_free, cache.states.num_free, tree.full_evictable, tree.mamba_evictable]
+        rec["pools"] = [cache.kv.num_free, cache.states.num_free, tree.full_evictable, cache.mamba.evictable]
         rec["states"] = _mamba_states(tree)
         cache.check_invariants()
         out.append(rec)
