@@ -142,6 +142,17 @@ def _rows(table: Path) -> int | None:
         return None
 
 
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Config fields as table columns: nested dicts and lists (a layout spelled out) become
+    JSON strings, params spread out."""
+    row = {k: json.dumps(v) if isinstance(v, list) else v
+           for k, v in config.items() if not isinstance(v, dict)}
+    nested = {k: v for k, v in config.items() if isinstance(v, dict) and k != "params"}
+    row.update({k: json.dumps(v, sort_keys=True) for k, v in nested.items()})
+    row.update({f"param_{k}": v for k, v in config.get("params", {}).items()})
+    return row
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     """The run config a folder's config.json holds (without the identity written beside it)."""
     stored = json.loads((folder / "config.json").read_text())

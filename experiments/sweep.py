@@ -21,6 +21,7 @@ from prefixcache.experiments.run_store import (
     check_writable_file,
     check_writable_folder,
     finished_summary,
+    flat_config,
     read_requests,
     read_summary,
     run_name,
@@ -138,8 +139,6 @@ def sweep_table(cells: list[dict[str, Any]], out: Path) -> pd.DataFrame:
     its summary, read back from the cell's folder, and ``token_hit_rate_common``: the rate
     over the requests every cell of the same request set admitted (a warning says when the
     cells admitted different sets: a capacity too small for some prompts drops them)."""
-    from prefixcache.experiments.figures.common import flat_config
-
     table = pd.DataFrame([flat_config(cfg) | read_summary(out / run_name(cfg)) for cfg in cells])
     table["token_hit_rate_common"] = common_set_rates(cells, out)
     return table

@@ -12,10 +12,9 @@ import pandas as pd
 import pytest
 from prefixcache.experiments.figures import fig_tiers_full
 from prefixcache.experiments.figures import study_tiers as st
-from prefixcache.experiments.figures import study_tiers_full as stf
 from prefixcache.experiments.figures.common import MOONCAKE_TRACES, REPO_ROOT, cell_name, run_cells
 
-FULL = REPO_ROOT / "results" / stf.FULL
+FULL = REPO_ROOT / "results" / st.FULL
 
 
 def key(c: dict) -> tuple:
@@ -98,7 +97,7 @@ def test_the_full_table_counts_hits_over_every_prompt_token_and_pairs_each_tier_
     cfgs.append(
         st.host_pool_cell("mooncake-synthetic", st.SCALE["tiny"]["limit"], "hashchain", "hashchain", host)
     )
-    table = stf.full_table(cfgs, run_cells(cfgs, tmp_path, jobs=1), tmp_path)
+    table = st.full_table(cfgs, run_cells(cfgs, tmp_path, jobs=1), tmp_path)
     assert len(table) == len(cfgs) == 4  # host 0, host 512k, its pooled bound and its host-sized pool
     assert (table["device_hit_tokens"] + table["host_hit_tokens"] == table["hit_tokens"]).all()
     assert (table["token_hit_rate"] == table["hit_tokens"] / table["prompt_tokens"]).all()
@@ -123,7 +122,7 @@ def test_the_full_table_counts_hits_over_every_prompt_token_and_pairs_each_tier_
         cells=len(cfgs),
         grid_cells=len(cfgs),
     )
-    stf.write_full(tmp_path, cfgs, run_cells(cfgs, tmp_path, jobs=1), meta, 1.0)
+    st.write_full(tmp_path, cfgs, run_cells(cfgs, tmp_path, jobs=1), meta, 1.0)
     tex, values = fig_tiers_full.make(tmp_path, tmp_path / "paper")
     assert tex.read_text().count("synthetic &") == 2  # one row per tier cell
     macros = values.read_text()

@@ -27,6 +27,7 @@ import pandas as pd
 from prefixcache.experiments.analysis.metrics import block_hit_rate_of, dataclass_frame
 from prefixcache.experiments.inputs.workloads import make_workload
 from prefixcache.experiments.run_config import RunConfig
+from prefixcache.experiments.run_store import flat_config
 
 from prefixcache import CostModel, Engine, PrefixCache, Request
 from prefixcache.cost_model import Clock, clock_from_constants, named_clock
@@ -372,17 +373,6 @@ def run_cell(config: dict[str, Any], out_root: Path, *, force: bool = False,
     write_table(df, folder / "requests")
     row = {**flat_config(config), **summary, "cell": folder.name, "summary_version": SUMMARY_VERSION}
     summary_path.write_text(json.dumps(row, indent=2, default=str))
-    return row
-
-
-def flat_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Config fields as table columns: nested dicts and lists (a layout spelled out) become
-    JSON strings, params spread out."""
-    row = {k: json.dumps(v) if isinstance(v, list) else v
-           for k, v in config.items() if not isinstance(v, dict)}
-    nested = {k: v for k, v in config.items() if isinstance(v, dict) and k != "params"}
-    row.update({k: json.dumps(v, sort_keys=True) for k, v in nested.items()})
-    row.update({f"param_{k}": v for k, v in config.get("params", {}).items()})
     return row
 
 

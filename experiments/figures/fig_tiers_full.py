@@ -23,8 +23,7 @@ from prefixcache.experiments.figures.plotting import (
     write_macros,
     write_table_tex,
 )
-from prefixcache.experiments.figures.study_tiers import POLICIES, SCALE, UNBOUNDED
-from prefixcache.experiments.figures.study_tiers_full import FULL
+from prefixcache.experiments.figures.study_tiers import FULL, POLICIES, SCALE, UNBOUNDED
 
 from prefixcache.tiers import LLAMA3_8B_BYTES_PER_TOKEN
 

@@ -37,11 +37,11 @@ from prefixcache.experiments.analysis.side_channel import (
 from prefixcache.experiments.figures.common import (
     cell_name,
     check_scale,
-    flat_config,
     save_study,
     study_main,
     write_table,
 )
+from prefixcache.experiments.run_store import flat_config
 
 from prefixcache.cost_model import clock_from_constants, named_clock
 
