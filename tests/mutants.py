@@ -64,17 +64,19 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: duplicates computed after re-pointing (frees slots still in use)": (
         "backends/radix/backend.py",
-        "        duplicates = live.pages[start // p : cached // p]\n"
+        "        mine = live.pages[start // p : cached // p]\n"
         "        # Past ``cached`` the tree holds our own slots (just inserted): only the duplicates'\n"
         "        # slots are gathered.\n"
         "        match = self.tree.match_prefix(key, along=end, indices_from=start, indices_to=cached)\n"
         '        assert match.length == aligned, f"re-match found {match.length} of {aligned} '
         'inserted tokens"\n'
+        "        tree_pages = self._pages_of(match.indices)\n"
         "        # Re-point at the tree's pages first; only then free our duplicate copies.\n"
-        "        live.pages[start // p : cached // p] = self._pages_of(match.indices)\n",
+        "        live.pages[start // p : cached // p] = tree_pages\n",
         "        match = self.tree.match_prefix(key, along=end, indices_from=start, indices_to=cached)\n"
-        "        live.pages[start // p : cached // p] = self._pages_of(match.indices)\n"
-        "        duplicates = live.pages[start // p : cached // p]\n",
+        "        tree_pages = self._pages_of(match.indices)\n"
+        "        live.pages[start // p : cached // p] = tree_pages\n"
+        "        mine = live.pages[start // p : cached // p]\n",
     ),
     "radix: a re-match from a token hands back the slots before it too": (
         "backends/radix/radix_cache.py",
@@ -83,7 +85,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: duplicate slots never freed": (
         "backends/radix/backend.py",
-        "        self.pool.free(duplicates)\n",
+        "        self.pool.free(self._duplicates(mine, tree_pages))\n",
         "",
     ),
     "hashchain: salt not hashed": (

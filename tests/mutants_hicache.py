@@ -44,8 +44,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "hicache: an insert through a host-only node frees the request's pages it adopted": (
         "backends/radix/hicache_backend.py",
-        "        duplicates = mine[mine != tree_pages[span]]",
-        "        duplicates = mine",
+        "        return mine[mine != tree_pages]",
+        "        return mine",
     ),
     "hicache: the load skips device eviction and takes only free pages": (
         "backends/radix/hicache_backend.py",

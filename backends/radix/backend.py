@@ -37,7 +37,7 @@ from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import LiveRequest, Match, PageUsage, ensure
-from prefixcache.pool import PagePool, PageTable
+from prefixcache.pool import PageIds, PagePool, PageTable
 from prefixcache.request import Request
 
 # Multimodal placeholder tokens are replaced by values from here up, which no real token id
@@ -388,18 +388,24 @@ class RadixPrefixCache(RadixAdapter[_Live]):
             self.tree.insert(
                 key[:prompt], own[: prompt - lo], priority=1, hit_from=prompt, along=above, value_from=lo
             )
-        duplicates = live.pages[start // p : cached // p]
+        mine = live.pages[start // p : cached // p]
         # Past ``cached`` the tree holds our own slots (just inserted): only the duplicates'
         # slots are gathered.
         match = self.tree.match_prefix(key, along=end, indices_from=start, indices_to=cached)
         assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"
+        tree_pages = self._pages_of(match.indices)
         # Re-point at the tree's pages first; only then free our duplicate copies.
-        live.pages[start // p : cached // p] = self._pages_of(match.indices)
-        self.pool.free(duplicates)
+        live.pages[start // p : cached // p] = tree_pages
+        self.pool.free(self._duplicates(mine, tree_pages))
         # SGLang unlocks the old node, then locks the new one; the old path is a prefix of the
         # new, so locking first ends in the same state without unindexing and re-indexing it.
         self.tree.move_lock(live.last_node, match.last_node)
         live.last_node, live.protected = match.last_node, aligned
+
+    def _duplicates(self, mine: PageIds, tree_pages: PageIds) -> PageIds:
+        """Of a checkpoint's pages for tokens the tree held already, ours that it did not take:
+        all of them (HiCache's tree adopts some)."""
+        return mine
 
     def _commit_batch(self, records: list[LiveRequest[_Live]]) -> None:
         """As one ``_commit`` after another; a decode step's commit does nothing (below), so a

@@ -211,29 +211,10 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             return False
         return super()._in_place_now()
 
-    def _checkpoint(self, req: Request, live: _Live) -> None:
-        """RadixPrefixCache._checkpoint, except that pages the tree adopted (host-only nodes
-        restored from this request's KV) are kept, not freed as duplicates."""
-        p = self.page_size
-        key = request_key(req)[: req.num_computed_tokens].page_aligned(p)
-        aligned = len(key)
-        own = self._slots(live.pages[: aligned // p])
-        cached = self.tree.insert(key, own, hit_from=live.hits_counted)
-        live.hits_counted = max(live.hits_counted, aligned)
-        prompt = req.num_prompt_tokens // p * p
-        if 0 < prompt < aligned:
-            self.tree.insert(key[:prompt], own[:prompt], priority=1, hit_from=prompt)
-        match = self.tree.match_prefix(key)
-        assert match.length == aligned, f"re-match found {match.length} of {aligned} inserted tokens"
-        tree_pages = self._pages_of(match.indices)
-        span = slice(live.protected // p, cached // p)
-        mine = live.pages[span]
-        duplicates = mine[mine != tree_pages[span]]
-        live.pages[live.protected // p : aligned // p] = tree_pages[live.protected // p :]
-        self.pool.free(duplicates)
-        self.tree.dec_lock_ref(live.last_node)
-        self.tree.inc_lock_ref(match.last_node)
-        live.last_node, live.protected = match.last_node, aligned
+    def _duplicates(self, mine: PageIds, tree_pages: PageIds) -> PageIds:
+        """Pages the tree adopted (host-only nodes restored from this request's KV) are its
+        own now, not duplicates."""
+        return mine[mine != tree_pages]
 
     def _reset(self) -> None:
         # no request is live: every page returns; the same tree, so its version keeps counting

@@ -95,8 +95,14 @@ class HiRadixCache(RadixCache):
         self._host_keys: dict[int, float] = {}  # node id -> its key in _host_index
 
     # ------------------------------------------------------------------ match
-    def match_prefix(self, key: RadixKey) -> MatchResult:
-        return self.match_with_host(key).device
+    def match_prefix(
+        self, key: RadixKey, along: TreeNode | None = None, indices_from: int = 0,
+        indices_to: int | None = None,
+    ) -> MatchResult:
+        """The device part of ``match_with_host`` (``along`` unused: the walk is the same), its
+        ``indices`` cut to tokens [indices_from, indices_to) as RadixCache's are."""
+        m = self.match_with_host(key).device
+        return m._replace(indices=m.indices[indices_from:indices_to])
 
     def match_with_host(self, key: RadixKey) -> HiMatch:
         """One walk: the device part, then the host-only tail (``_match_prefix_helper``)."""
@@ -126,19 +132,22 @@ class HiRadixCache(RadixCache):
         return HiMatch(MatchResult(device_len, indices, last_device), node, host_len)
 
     # ------------------------------------------------------------------ insert
-    def insert(
-        self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0
-    ) -> int:
-        """RadixCache.insert with HiCache's rules (module docstring). Returns the length
-        already in the tree, host-only spans included: the caller keeps its slots there
-        where the tree adopted them (the tree's slots are the caller's own)."""
-        key, value, now = self._begin_insert(key, value, priority)  # is_eagle is refused here
+    def insert_ending_at(
+        self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
+        along: TreeNode | None = None, value_from: int = 0,
+    ) -> tuple[int, TreeNode]:
+        """RadixCache.insert_ending_at with HiCache's rules (module docstring), walking from the
+        root (``along`` unused). Returns the length already in the tree, host-only spans
+        included (the caller keeps its slots there where the tree adopted them: the tree's
+        slots are the caller's own; ``_duplicates``), and the node the key ends at."""
+        key, value, now = self._begin_insert(key, value, priority, value_from)  # no is_eagle here
         node = self.root_node
         pos = 0
         for child, n, _ in self._walk(node, key, pos, len(key), now):
             child.priority = max(child.priority, priority)
             if child.evicted:
-                self._unevict(child, value[pos : pos + n])
+                assert pos >= value_from, "a host-only node within the inserter's own prefix"
+                self._unevict(child, value[pos - value_from : pos - value_from + n])
             pos += n
             if pos > hit_from and self._inc_hit_count_and_check(child):
                 self.write_backup(child)
@@ -146,10 +155,12 @@ class HiRadixCache(RadixCache):
             self._refresh(child)
             node = child
         if pos < len(key):
-            leaf = self._add_leaf(node, key[pos:], value[pos:], now, priority)
-            if len(key) > hit_from and self._inc_hit_count_and_check(leaf):
-                self.write_backup(leaf)
-        return pos
+            if pos < value_from:
+                raise ValueError(f"insert: tokens [{pos}, {value_from}) are not cached and have no slots")
+            node = self._add_leaf(node, key[pos:], value[pos - value_from :], now, priority)
+            if len(key) > hit_from and self._inc_hit_count_and_check(node):
+                self.write_backup(node)
+        return pos, node
 
     def _inc_hit_count_and_check(self, node: TreeNode) -> bool:
         """0.5.23 ``_inc_hit_count_and_check``: no count on a host-only node nor under
