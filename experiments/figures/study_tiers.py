@@ -73,6 +73,7 @@ from prefixcache.experiments.figures.common import (
 from prefixcache.cost_model import Clock, named_clock
 
 STUDY = "tiers"
+FULL = "tiers_full"  # the committed result of --scale full
 CLOCK = "h100-llama3-8b"  # the default clock (cost_model.named_clock); "cpu" is the other
 LOAD = 0.7
 PAGE = 16
@@ -236,11 +237,8 @@ def configs(
     return out
 
 
-FULL = "tiers_full"  # the committed result of --scale full
-
-
 def full_table(cfgs: list[dict[str, Any]], cells: pd.DataFrame, out: Path) -> pd.DataFrame:
-    """One row per cell (the module's ``summary.csv``; ``out`` holds the cells' folders)."""
+    """One row per cell (``results/tiers_full/summary.csv``; ``out`` holds the cells' folders)."""
     from prefixcache.experiments.figures.study_engine_traces import conversations
 
     groups: dict[str, np.ndarray] = {}
