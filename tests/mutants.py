@@ -56,9 +56,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: match stops at the last whole node (drops the part of a split edge)": (
         "backends/radix/radix_cache.py",
-        "        for child, n, diverged in self._walk(node, key, pos, end, now):\n"
+        "        for child, n, diverged in self._walk(node, key, pos, end, now, stamp=False):\n"
         "            assert child.value is not None",
-        "        for child, n, diverged in self._walk(node, key, pos, end, now):\n"
+        "        for child, n, diverged in self._walk(node, key, pos, end, now, stamp=False):\n"
         "            if diverged:\n                break\n"
         "            assert child.value is not None",
     ),
@@ -111,9 +111,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix: every node collected before each evict (O(cache size), as SGLang's leaf scan)": (
         "backends/radix/radix_cache.py",
-        "        while evicted < num_tokens and self._leaves:\n            key, _, leaf = self._leaves[0]\n",
+        "        while freed[0] < num_tokens and self._leaves:\n            if self.order is None:\n",
         "        self.iter_nodes()\n"
-        "        while evicted < num_tokens and self._leaves:\n            key, _, leaf = self._leaves[0]\n",
+        "        while freed[0] < num_tokens and self._leaves:\n            if self.order is None:\n",
     ),
     "hashchain: the free queue walked on every allocation (O(cache size))": (
         "backends/hashchain/eviction.py",
@@ -265,6 +265,8 @@ def why_stale(rel: str, original: str, mutated: str) -> str | None:
     occur exactly once (a text that moved would otherwise be counted as not caught, or mutate
     a second place) and the mutated source must parse (one that cannot even import would be
     "caught" for nothing)."""
+    if not (ROOT / rel).is_file():
+        return f"NO FILE {rel}; update the mutant"
     source = (ROOT / rel).read_text()
     count = source.count(original)
     if count != 1:

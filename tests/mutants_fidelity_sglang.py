@@ -23,7 +23,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # Case 6: check_invariants wants a Mamba lock on the root, which SGLang never locks.
     "sglang fidelity: Mamba check wants the root locked": (
         "backends/radix/mamba_backend.py",
-        "live.lock.node is self.tree.root or live.lock.node.mamba_lock > 0",
+        "live.lock.node is self.tree.root_node or live.lock.node.mamba_lock > 0",
         "live.lock.node.mamba_lock > 0",
     ),
     # A split's prefix node created fresh (RadixCache), not as old as its suffix

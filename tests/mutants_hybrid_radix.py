@@ -25,8 +25,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "radix swa: the SWA lock stops one token short of the window": (
         "backends/radix/components/swa.py",
-        "        while cur is not self.tree.root and covered < self.window:",
-        "        while cur is not self.tree.root and covered < self.window - 1:",
+        "        while cur is not self.tree.root_node and covered < self.window:",
+        "        while cur is not self.tree.root_node and covered < self.window - 1:",
     ),
     "radix swa: a running request frees SWA KV still inside its window": (
         "backends/radix/swa_backend.py",

@@ -37,13 +37,15 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        self.kv_event_queue.append(AllBlocksCleared())",
         "        pass",
     ),
-    "kv events unified tree: no BlockRemoved for a deleted node (SWA, Mamba)": (
-        "backends/radix/unified_tree.py",
-        "            self.events.record_remove(leaf)",
-        "            pass",
+    "kv events radix: no BlockRemoved for a leaf a component's phase deletes (SWA, Mamba)": (
+        "backends/radix/radix_cache.py",
+        "        self._remove_leaf(leaf, freed)\n        self.free_slots([value])\n",
+        "        events, self.events = self.events, None\n"
+        "        self._remove_leaf(leaf, freed)\n        self.free_slots([value])\n"
+        "        self.events = events\n",
     ),
-    "kv events unified tree: no BlockStored for a new leaf (SWA, Mamba)": (
-        "backends/radix/unified_tree.py",
+    "kv events radix: no BlockStored for a new leaf (dense, SWA, Mamba)": (
+        "backends/radix/radix_cache.py",
         "        if self.events is not None:\n            self.events.record_store(leaf)\n",
         "",
     ),
@@ -65,8 +67,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "kv events radix: no BlockRemoved for an evicted leaf": (
         "backends/radix/radix_cache.py",
-        "                self.events.record_remove(leaf)",
-        "                pass",
+        "            self.events.record_remove(leaf)",
+        "            pass",
     ),
     "kv events radix: a leaf's parent hash is its parent node's first page, not its last": (
         "backends/radix/events.py",

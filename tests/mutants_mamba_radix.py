@@ -17,7 +17,7 @@ _POOL = "backends/radix/mamba_pool.py"
 
 MUTANTS: dict[str, tuple[str, str, str]] = {
     "mamba: a reset restarts the index version (a match from before it is trusted again)": (
-        "backends/radix/unified_tree.py",
+        "backends/radix/radix_cache.py",
         "    def reset(self) -> None:\n        self.version += 1\n",
         "    def reset(self) -> None:\n        self.version = 1\n",
     ),
@@ -25,7 +25,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "backends/radix/mamba_backend.py",
         "        self._new_pools()\n        self.tree.reset()\n",
         "        self._new_pools()\n"
-        "        self.tree = type(self.tree)(self._free_slots, self._free_state, self.tree.order)\n",
+        "        self.tree = mamba_tree(self._free_slots, self.mamba, self.tree.order, events=self.events)\n",
     ),
     # A hit ends at the deepest matched node, state or not: the recurrent state is off the
     # checkpoint (the match is not cut back to the deepest node holding a state).
@@ -48,15 +48,15 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     # A split leaves the upper part holding the lower part's state (not a tombstone).
     "mamba radix: split does not tombstone the upper part": (
-        "backends/radix/unified_tree.py",
+        "backends/radix/radix_cache.py",
         "        new.lock_ref = child.lock_ref\n",
         "        new.lock_ref = child.lock_ref\n        new.mamba = child.mamba\n",
     ),
     # Full eviction takes the most recently used leaf.
     "mamba radix: full eviction MRU first": (
-        "backends/radix/unified_tree.py",
-        "        heap = [(n.last_access_time, n) for n in self.leaves]\n",
-        "        heap = [(-n.last_access_time, n) for n in self.leaves]\n",
+        "backends/radix/radix_cache.py",
+        "                key, _, leaf = self._leaves[0]\n",
+        "                key, _, leaf = self._leaves[-1]\n",
     ),
     # Mamba eviction walks its LRU from the new end.
     "mamba radix: state eviction MRU first": (

@@ -23,8 +23,9 @@ def test_mamba_request_before_first_commit_is_legal() -> None:
     assert match.tokens == 0
     assert cache.allocate(req, 10, match)
     cache.check_invariants()
-    root = cache.tree.root
-    assert (root.lock_ref, root.mamba_lock) == (0, 0), "the root is never locked"
+    root = cache.tree.root_node
+    # the root's one permanent lock (the tree's: never evicted, never counted) and no more
+    assert (root.lock_ref, root.mamba_lock) == (1, 0), "a request's lock never reaches the root"
     assert cache.page_tables(req)[1][0] > 0, "the request holds its own state slot"
     req.num_computed_tokens = 10
     cache.check_invariants()  # computed, not yet committed

@@ -131,7 +131,7 @@ def test_split_leaves_the_upper_part_without_a_state() -> None:
     cache = _cache(60)
     _run(cache, "a", [1, 2, 3, 4, 5, 6], [6])
     cache.lookup(Request("b", [1, 2, 3, 9]))  # splits [1..6] at 3
-    assert [len(n.key) for n in cache.tree.root.children[1].children.values()] == [3]
+    assert [len(n.key) for n in cache.tree.root_node.children[1].children.values()] == [3]
     assert [d for d, _ in cache.state_slots()] == [6]
 
 
@@ -310,8 +310,8 @@ def test_node_ids_are_never_reused_across_a_reset() -> None:
     not share its id with a node of the tree after it (SGLang's TreeNode.counter never restarts)."""
     cache = _machine_cache()
     _finish(cache, "r1", [0])
-    old = {n.id for n in cache.tree.iter_nodes()} | {cache.tree.root.id}
+    old = {n.id for n in cache.tree.iter_nodes()} | {cache.tree.root_node.id}
     assert cache.reset()
     _finish(cache, "r2", [1])
-    new = {n.id for n in cache.tree.iter_nodes()} | {cache.tree.root.id}
+    new = {n.id for n in cache.tree.iter_nodes()} | {cache.tree.root_node.id}
     assert not old & new

@@ -22,8 +22,8 @@ from prefixcache.backends.radix.components.mamba import MambaComponent, mamba_tr
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
+from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt, RadixCache
 from prefixcache.backends.radix.tree import TreeNode
-from prefixcache.backends.radix.unified_tree import LockReceipt, UnifiedRadixTree
 from prefixcache.experiments.upstream.kv_event_cases import event_json
 
 from prefixcache import CacheConfig, Request
@@ -35,9 +35,9 @@ FIXTURES = [p for p in _ALL if not p.stem.startswith("sglang_mamba_req")]  # tre
 REQUEST_FIXTURES = [p for p in _ALL if p.stem.startswith("sglang_mamba_req")]  # request lifecycles
 
 
-def _states(tree: UnifiedRadixTree) -> list[list[Any]]:
+def _states(tree: RadixCache) -> list[list[Any]]:
     out: list[list[Any]] = []
-    stack: list[tuple[TreeNode, list[int]]] = [(tree.root, [])]
+    stack: list[tuple[TreeNode, list[int]]] = [(tree.root_node, [])]
     while stack:
         node, path = stack.pop()
         for child in node.children.values():
@@ -55,7 +55,7 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
     states = PagePool(sc["mamba_slots"] + 1)
     recorder = RadixEventRecorder(1) if events else None
     mamba = MambaComponent(lambda slot: states.free([slot]))
-    tree = mamba_tree(kv.free, mamba, events=recorder)
+    tree = mamba_tree(kv.free_each, mamba, events=recorder)
     locks: dict[str, LockReceipt] = {}
     out: list[dict[str, Any]] = []
     for op in sc["ops"]:
@@ -68,7 +68,7 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             if ok:
                 idx, slot = kv.alloc(len(key)), states.alloc(1)
                 assert idx is not None and slot is not None
-                res = tree.insert(key, idx, mamba=int(slot[0]))
+                res = tree.insert_ending_at(key, idx, params=InsertParams(mamba=int(slot[0])))
                 if res.exist:
                     states.free(slot)
                 rec["prefix_len"] = res.prefix_len
@@ -78,17 +78,17 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             rec["length"] = m.length
             rec["full_length"] = m.full_hit
             rec["indices"] = m.indices.tolist()
-            rec["state"] = m.node.mamba
-            assert np.array_equal(tree.path_indices(m.node), m.indices)
+            rec["state"] = m.last_node.mamba
+            assert np.array_equal(tree.path_indices(m.last_node), m.indices)
             if kind == "lock":
-                locks[op["name"]] = tree.inc_lock_ref(m.node)
+                locks[op["name"]] = tree.lock(m.last_node)
         elif kind == "unlock":
-            tree.dec_lock_ref(locks.pop(op["name"]))
+            tree.unlock(locks.pop(op["name"]))
         elif kind == "evict":
-            rec["freed"] = list(tree.evict(op["full"], op["mamba"]))
+            rec["freed"] = list(tree.evict_for_alloc(op["full"], op["mamba"]))
         else:
             raise ValueError(f"unknown op {kind!r}")
-        rec["pools"] = [kv.num_free, states.num_free, tree.full_evictable, mamba.evictable]
+        rec["pools"] = [kv.num_free, states.num_free, tree.evictable_size(), mamba.evictable]
         rec["states"] = _states(tree)
         if recorder is not None:
             rec["events"] = [event_json(e) for e in recorder.take_events()]
@@ -182,7 +182,8 @@ def replay_requests(sc: dict[str, Any]) -> list[dict[str, Any]]:
             rec["kv"] = cache.page_tables(req)[0][: req.num_computed_tokens]
             rec["protected"] = cache._live[req.request_id].state.protected
         tree = cache.tree
-        rec["pools"] = [cache.kv.num_free, cache.states.num_free, tree.full_evictable, cache.mamba.evictable]
+        pools = [cache.kv.num_free, cache.states.num_free, tree.evictable_size(), cache.mamba.evictable]
+        rec["pools"] = pools
         rec["states"] = _states(tree)
         cache.check_invariants()
         out.append(rec)

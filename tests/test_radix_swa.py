@@ -10,27 +10,27 @@ import pytest
 from prefixcache.backends.radix import RadixPrefixCache
 from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
 from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.radix_cache import InsertParams, RadixCache
 from prefixcache.backends.radix.swa_backend import SWARadixPrefixCache
 from prefixcache.backends.radix.swa_pool import SWAPagePool, swa_pool_sizes
-from prefixcache.backends.radix.unified_tree import UnifiedRadixTree
 
 from prefixcache import CacheConfig, Request, make_cache
 
 SWA4 = [("sliding_window", 4), ("full",)]
 
 
-def tree(window: int = 4, page_size: int = 1, full: int = 64, swa: int = 64) -> UnifiedRadixTree:
+def tree(window: int = 4, page_size: int = 1, full: int = 64, swa: int = 64) -> RadixCache:
     return swa_tree(page_size, SWAComponent(window, SWAPagePool(full + 1, swa + 1, page_size=page_size)))
 
 
-def put(t: UnifiedRadixTree, tokens: list[int], evicted: int = 0) -> tuple[int, object]:
+def put(t: RadixCache, tokens: list[int], evicted: int = 0) -> tuple[int, object]:
     """Allocate slots from both pools (as SGLang's alloc), free the SWA below ``evicted``, insert."""
     p = t.page_size
     pages = t.component.pool.alloc(-(-len(tokens) // p))
     assert pages is not None
     t.component.pool.free_swa(pages[: evicted // p])
     slots = (pages[:, None] * p + np.arange(p)).reshape(-1)[: len(tokens)]
-    out = t.insert(RadixKey(tokens), slots, 0, swa_evicted_seqlen=evicted)
+    out = t.insert_ending_at(RadixKey(tokens), slots, params=InsertParams(0, evicted))
     t.check()
     return out.prefix_len, out.node
 
@@ -109,7 +109,7 @@ def test_match_restarts_its_window_after_a_tombstone() -> None:
     t = tree(window=4)
     put(t, [1, 2, 3, 4, 5, 6, 7, 8])  # split at fresh-leaf time: [1..4] and [5..8], both live
     assert t.match_prefix(RadixKey([1, 2, 3, 4, 5, 6, 7, 8])).length == 8
-    assert t.evict(0, 1) == (0, 4)  # the older half goes first: [1..4] tombstoned
+    assert t.evict_for_alloc(0, 1) == (0, 4)  # the older half goes first: [1..4] tombstoned
     assert t.match_prefix(RadixKey([1, 2, 3, 4, 5, 6, 7, 8])).length == 8  # 4 live tokens after it
     assert t.match_prefix(RadixKey([1, 2, 3, 4, 5, 6, 7])).length == 0  # only 3 after it
     assert t.match_prefix(RadixKey([1, 2, 3, 4, 5, 6, 7])).full_hit == 7
@@ -119,8 +119,8 @@ def test_match_restarts_its_window_after_a_tombstone() -> None:
 def test_an_insert_below_the_inserters_frontier_leaves_a_tombstone_leaf() -> None:
     t = tree(window=4)
     assert put(t, [1, 2, 3], evicted=3)[0] == 0
-    (leaf,) = t.root.children.values()
-    assert leaf.tombstone and not leaf.children and t.full_evictable == 3 and t.component.evictable == 0
+    (leaf,) = t.root_node.children.values()
+    assert leaf.tombstone and not leaf.children and t.evictable_size() == 3 and t.component.evictable == 0
     assert t.match_prefix(RadixKey([1, 2, 3])).length == 0
 
 
@@ -128,17 +128,17 @@ def test_a_fresh_leaf_longer_than_a_window_is_split_to_one_window() -> None:
     t = tree(window=6, page_size=4)
     _, leaf = put(t, list(range(1, 17)))  # 16 tokens, window 6 -> a tail of 8 (whole pages)
     assert len(leaf.key) == 8 and len(leaf.parent.key) == 8 and not leaf.tombstone
-    lock = t.inc_lock_ref(leaf)
+    lock = t.lock(leaf)
     assert t.component.protected == 8 and t.component.evictable == 8  # the SWA lock pins one window only
-    assert t.full_protected == 16
-    t.dec_lock_ref(lock)
+    assert t.protected_size() == 16
+    t.unlock(lock)
     t.check()
 
 
 def test_an_insert_revives_a_tombstone_with_the_inserters_kv() -> None:
     t = tree(window=2)
     put(t, [1, 2, 3, 4])  # [1,2] [3,4]
-    t.evict(0, 1)  # tombstones [1,2]
+    t.evict_for_alloc(0, 1)  # tombstones [1,2]
     assert t.match_prefix(RadixKey([1, 2])).length == 0
     free_full = t.component.pool.full.num_free
     assert put(t, [1, 2])[0] == 2  # unlocked tombstone: adopts the new full + SWA KV
@@ -149,25 +149,26 @@ def test_an_insert_revives_a_tombstone_with_the_inserters_kv() -> None:
 def test_a_locked_tombstone_keeps_its_full_kv_and_takes_only_the_swa() -> None:
     t = tree(window=2)
     put(t, [1, 2, 3, 4])
-    t.evict(0, 1)
-    node = t.match_prefix(RadixKey([1, 2, 3, 4])).node.parent
+    t.evict_for_alloc(0, 1)
+    node = t.match_prefix(RadixKey([1, 2, 3, 4])).last_node.parent
     assert node.tombstone
     old_full = node.value.copy()
-    lock = t.inc_lock_ref(node)
+    lock = t.lock(node)
     put(t, [1, 2])
     assert np.array_equal(node.value, old_full) and not node.tombstone
-    t.dec_lock_ref(lock)
+    t.unlock(lock)
     t.check()
 
 
 def test_an_early_swa_release_never_tombstones_under_a_lock_ref() -> None:
     t = tree(window=2)
     _, leaf = put(t, [1, 2])
-    lock = t.inc_lock_ref(leaf)
+    lock = t.lock(leaf)
     t.component.release_swa_early(lock)
-    assert not leaf.tombstone and t.component.evictable == 2 and t.full_protected == 2
-    t.dec_lock_ref(lock, swa_released=True)
-    assert (t.full_evictable, t.component.evictable, t.full_protected, t.component.protected) == (2, 2, 0, 0)
+    assert not leaf.tombstone and t.component.evictable == 2 and t.protected_size() == 2
+    t.unlock(lock, swa_released=True)
+    sizes = (t.evictable_size(), t.component.evictable, t.protected_size(), t.component.protected)
+    assert sizes == (2, 2, 0, 0)
     t.check()
 
 
@@ -176,11 +177,11 @@ def test_full_eviction_is_oldest_leaf_first_and_swa_eviction_skips_locked_window
     put(t, [1, 2])
     put(t, [5, 6])
     put(t, [1, 2, 3, 4])  # stamps [1, 2] again: [5, 6] is the oldest leaf
-    assert t.evict(1, 0) == (2, 2) and t.match_prefix(RadixKey([5, 6])).length == 0
-    lock = t.inc_lock_ref(t.match_prefix(RadixKey([1, 2, 3, 4])).node)  # SWA lock on [3, 4]
-    assert t.evict(0, 8) == (0, 2)  # only [1, 2]'s SWA is unlocked: tombstoned, full kept
-    assert t.full_evictable == 0 and t.component.protected == 2
-    t.dec_lock_ref(lock)
+    assert t.evict_for_alloc(1, 0) == (2, 2) and t.match_prefix(RadixKey([5, 6])).length == 0
+    lock = t.lock(t.match_prefix(RadixKey([1, 2, 3, 4])).last_node)  # SWA lock on [3, 4]
+    assert t.evict_for_alloc(0, 8) == (0, 2)  # only [1, 2]'s SWA is unlocked: tombstoned, full kept
+    assert t.evictable_size() == 0 and t.component.protected == 2
+    t.unlock(lock)
     t.check()
 
 

@@ -19,8 +19,8 @@ import pytest
 from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt
 from prefixcache.backends.radix.swa_pool import SWAPagePool, swa_pool_sizes
-from prefixcache.backends.radix.unified_tree import LockReceipt
 from prefixcache.experiments.upstream.kv_event_cases import event_json
 from prefixcache.experiments.upstream.sglang_hybrid_driver import replay_requests_ours
 
@@ -71,28 +71,29 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
             if pages is not None:
                 ev = op.get("evicted", 0)
                 pool.free_swa(pages[: ev // p])
-                res = tree.insert(RadixKey(op["tokens"]), slots(pages)[:n], 0, swa_evicted_seqlen=ev)
+                params = InsertParams(0, ev)
+                res = tree.insert_ending_at(RadixKey(op["tokens"]), slots(pages)[:n], params=params)
                 rec["prefix_len"] = res.prefix_len
         elif kind in ("match", "lock"):
             m = tree.match_prefix(RadixKey(op["tokens"]))
-            full = tree.path_indices(m.node)
+            full = tree.path_indices(m.last_node)
             rec["length"], rec["full"], rec["swa"] = m.length, full.tolist(), swa.to_swa(full).tolist()
             if kind == "lock":
-                locks[op["name"]] = (tree.inc_lock_ref(m.node), [False])
+                locks[op["name"]] = (tree.lock(m.last_node), [False])
         elif kind == "unlock":
             receipt, released = locks.pop(op["name"])
-            tree.dec_lock_ref(receipt, swa_released=released[0])
+            tree.unlock(receipt, swa_released=released[0])
         elif kind == "release_swa":
             receipt, released = locks[op["name"]]
             if not released[0]:
                 swa.release_swa_early(receipt)
                 released[0] = True
         elif kind == "evict":
-            rec["freed"] = list(tree.evict(op["full"], op["swa"]))
+            rec["freed"] = list(tree.evict_for_alloc(op["full"], op["swa"]))
         rec["pools"] = [
             pool.full.num_free * p,
             pool.swa.num_free * p,
-            tree.full_evictable,
+            tree.evictable_size(),
             swa.evictable,
         ]
         if recorder is not None:

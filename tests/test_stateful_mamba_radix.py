@@ -42,7 +42,7 @@ SEEN: defaultdict[str, Counter[str]] = defaultdict(Counter)
 def tree_states(cache: MambaRadixPrefixCache) -> dict[int, tuple]:
     """{state slot: (namespace, path tokens)} of every tree node holding a state."""
     out: dict[int, tuple] = {}
-    stack: list[tuple[TreeNode, tuple]] = [(cache.tree.root, ())]
+    stack: list[tuple[TreeNode, tuple]] = [(cache.tree.root_node, ())]
     while stack:
         node, path = stack.pop()
         for child in node.children.values():

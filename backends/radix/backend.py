@@ -372,7 +372,7 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         start = live.protected
         own = self._slots(live.pages[start // p : aligned // p])
         # The request's locked node lies on its key's path: both walks follow links down to it.
-        cached, end = self.tree.insert_ending_at(
+        cached, end, _ = self.tree.insert_ending_at(
             key, own, hit_from=live.hits_counted, along=live.last_node, value_from=start
         )
         live.hits_counted = max(live.hits_counted, aligned)

@@ -31,7 +31,7 @@ from prefixcache.backends.radix.key import RadixKey
 
 
 class TreeNode(Protocol):
-    """What the recorder reads of a node, of either tree (tree.py, unified_tree.py)."""
+    """What the recorder reads of a node, of any tree (tree.py, radix_cache.py)."""
 
     @property
     def id(self) -> int: ...

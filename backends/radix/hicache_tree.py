@@ -20,7 +20,7 @@ is device-resident, so a match is one prefix, its device part first, then its ho
 - load back (the backend drives it): the host-only tail gets device slots (``revive``); its
   anchor stays locked on both tiers until the load's ack (``ack_loads``, ``loading_check``).
 
-Ours, on purpose: access times are stamped as our plain RadixCache stamps them (every visited
+Ours, on purpose: access times are stamped as RadixCache's insert stamps them (every visited
 node, one time per walk); 0.5.23's unified tree stamps a match path from its end upwards with
 decreasing times. The recorded fixtures agree on every eviction order they exercise.
 """
@@ -36,7 +36,13 @@ import numpy as np
 from prefixcache.backends.radix.events import MEDIUM_HOST, RadixEventRecorder
 from prefixcache.backends.radix.hicache_pool import HostPool
 from prefixcache.backends.radix.key import RadixKey
-from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, MatchResult, RadixCache
+from prefixcache.backends.radix.radix_cache import (
+    EMPTY_SLOTS,
+    InsertParams,
+    MatchResult,
+    RadixCache,
+    TreeInsert,
+)
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 from sortedcontainers import SortedList
 
@@ -109,7 +115,7 @@ class HiRadixCache(RadixCache):
         key = key.page_aligned(self.page_size)
         root = self.root_node
         if len(key) == 0:
-            return HiMatch(MatchResult(0, EMPTY_SLOTS, root), root, 0)
+            return HiMatch(MatchResult(0, EMPTY_SLOTS, root, 0, root), root, 0)
         now = self.clock()
         node = root
         node.last_access_time = now
@@ -129,17 +135,18 @@ class HiRadixCache(RadixCache):
             if diverged:
                 break
         indices = np.concatenate(values) if values else EMPTY_SLOTS
-        return HiMatch(MatchResult(device_len, indices, last_device), node, host_len)
+        return HiMatch(MatchResult(device_len, indices, last_device, device_len, last_device), node, host_len)
 
     # ------------------------------------------------------------------ insert
     def insert_ending_at(
         self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
-        along: TreeNode | None = None, value_from: int = 0,
-    ) -> tuple[int, TreeNode]:
+        along: TreeNode | None = None, value_from: int = 0, params: InsertParams | None = None,
+    ) -> TreeInsert:
         """RadixCache.insert_ending_at with HiCache's rules (module docstring), walking from the
-        root (``along`` unused). Returns the length already in the tree, host-only spans
-        included (the caller keeps its slots there where the tree adopted them: the tree's
-        slots are the caller's own; ``_duplicates``), and the node the key ends at."""
+        root (``along`` and ``params`` unused: no other component). Returns the length already
+        in the tree, host-only spans included (the caller keeps its slots there where the tree
+        adopted them: the tree's slots are the caller's own; ``_duplicates``), and the node the
+        key ends at."""
         key, value, now = self._begin_insert(key, value, priority, value_from)  # no is_eagle here
         node = self.root_node
         pos = 0
@@ -160,7 +167,7 @@ class HiRadixCache(RadixCache):
             node = self._add_leaf(node, key[pos:], value[pos - value_from :], now, priority)
             if len(key) > hit_from and self._inc_hit_count_and_check(node):
                 self.write_backup(node)
-        return pos, node
+        return TreeInsert(pos, node, False)
 
     def _inc_hit_count_and_check(self, node: TreeNode) -> bool:
         """0.5.23 ``_inc_hit_count_and_check``: no count on a host-only node nor under

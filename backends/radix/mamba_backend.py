@@ -31,8 +31,8 @@ from prefixcache.backends.radix.backend import request_key
 from prefixcache.backends.radix.components.mamba import MambaComponent, mamba_tree
 from prefixcache.backends.radix.mamba_marconi import marconi_order
 from prefixcache.backends.radix.mamba_pool import DEFAULT_MAMBA_FULL_MEMORY_RATIO, mamba_pool_sizes
+from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
-from prefixcache.backends.radix.unified_tree import LockReceipt, UnifiedRadixTree
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, Match, PageUsage, ensure
@@ -92,7 +92,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
     min-max normalised over the candidates, lowest evicted first).
     """
 
-    tree: UnifiedRadixTree
+    tree: RadixCache
     mamba: MambaComponent  # the tree's MAMBA component
 
     def __init__(
@@ -112,7 +112,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
     ) -> None:
         """kv_events: SGLang's ``enable_kv_cache_events`` on its unified tree: BlockStored for
         each new leaf, BlockRemoved for each deleted node (a Mamba tombstone emits nothing),
-        AllBlocksCleared at every reset (unified_tree.py)."""
+        AllBlocksCleared at every reset (radix_cache.py)."""
         if not isinstance(config, CacheConfig):
             raise ValueError(f"config must be a CacheConfig, got {type(config).__name__}")
         layout = config.model_layout
@@ -162,8 +162,8 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         self.kv = PagePool(self.sizes.kv_tokens + 1)
         self.states = PagePool(self.sizes.states + 1)
 
-    def _free_slots(self, slots: SlotArray) -> None:
-        self.kv.free(slots)
+    def _free_slots(self, runs: list[SlotArray]) -> None:
+        self.kv.free_each(runs)
 
     def _free_state(self, slot: int) -> None:
         self.states.free([slot])
@@ -225,17 +225,17 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         if self.states.num_free == 0:
             if self.mamba.evictable == 0:
                 return False
-            self.stats.evicted_tokens += self.tree.evict(0, 1)[0]
+            self.stats.evicted_tokens += self.tree.evict_for_alloc(0, 1)[0]
         return self.states.num_free > 0
 
     def _take_kv(self, n: int) -> SlotArray | None:
         """``n`` KV slots, evicting leaves for the shortfall (alloc_token_slots); None if even
         evicting every unlocked leaf would not give them (then nothing is evicted)."""
-        if n > self.kv.num_free + self.tree.full_evictable:
+        if n > self.kv.num_free + self.tree.evictable_size():
             return None
         short = n - self.kv.num_free
         if short > 0:
-            self.stats.evicted_tokens += self.tree.evict(short, 0)[0]
+            self.stats.evicted_tokens += self.tree.evict(short)
         slots = self.kv.alloc(n)
         assert slots is not None
         return slots
@@ -244,7 +244,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
     def _match(self, req: Request) -> MambaTreeMatch:
         m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
         return MambaTreeMatch(
-            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.node, m.full_hit
+            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, m.full_hit
         )
 
     def _revalidate(self, match: Match) -> MambaTreeMatch:
@@ -253,12 +253,12 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
 
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _Live | None:
         m = cast(MambaTreeMatch, match)
-        lock = self.tree.inc_lock_ref(m.node)  # first: making room cannot evict our hit
+        lock = self.tree.lock(m.node)  # first: making room cannot evict our hit
         if self.states.num_free == 0 and self.mamba.evictable == 0:
-            self.tree.dec_lock_ref(lock)
+            self.tree.unlock(lock)
             return None
-        if num_new_tokens > self.kv.num_free + self.tree.full_evictable:
-            self.tree.dec_lock_ref(lock)
+        if num_new_tokens > self.kv.num_free + self.tree.evictable_size():
+            self.tree.unlock(lock)
             return None
         ok = self._room_for_state()  # a tombstone or leaf deletion leaves the KV check true
         assert ok
@@ -289,13 +289,13 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         the state (it had none there)."""
         key = request_key(req)[:length]
         own = live.pages[:length]
-        res = self.tree.insert(key, own, live.protected, mamba=mamba)
+        res = self.tree.insert_ending_at(key, own, params=InsertParams(live.protected, mamba=mamba))
         path = self.tree.path_indices(res.node)
         assert len(path) == length, f"insert ended at {len(path)} of {length} tokens"
         if length > live.protected:
             live.pages[live.protected : length] = path[live.protected :]
-            self.tree.dec_lock_ref(live.lock)
-            live.lock, live.protected = self.tree.inc_lock_ref(res.node), length
+            self.tree.unlock(live.lock)
+            live.lock, live.protected = self.tree.lock(res.node), length
         return mamba is not None and not res.exist
 
     def _checkpoint_unfinished(self, req: Request, live: _Live) -> None:
@@ -330,11 +330,11 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
             self._free_state(live.state)
             live.state = 0
         self.kv.free(live.pages[live.protected : computed])
-        self.tree.dec_lock_ref(live.lock)
+        self.tree.unlock(live.lock)
         self.kv.free(live.pages[computed:])
 
     def _evict(self, num_tokens: int) -> int:
-        freed = self.tree.evict(num_tokens, 0)[0]
+        freed = self.tree.evict(num_tokens)
         self.stats.evicted_tokens += freed
         return freed
 
@@ -343,7 +343,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         if not there). Returns the states dropped."""
         if isinstance(num_states, bool) or not isinstance(num_states, int) or num_states < 0:
             raise ValueError(f"num_states must be an int >= 0, got {num_states!r}")
-        tokens, states = self.tree.evict(0, num_states)
+        tokens, states = self.tree.evict_for_alloc(0, num_states)
         self.stats.evicted_tokens += tokens
         return states
 
@@ -354,7 +354,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
     # ------------------------------------------------------------------ accounting
     def usage(self) -> PageUsage:
         """The full KV pool's slots (every token of a request needs one)."""
-        free, evictable = self.kv.num_free, self.tree.full_evictable
+        free, evictable = self.kv.num_free, self.tree.evictable_size()
         return PageUsage(free, evictable, self.sizes.kv_tokens - free - evictable)
 
     def num_usable_pages(self) -> int:
@@ -405,7 +405,7 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
             # SGLang's acquire_component_lock skips the root: a request admitted with hit 0
             # holds no lock until its first checkpoint (or its release) moves it to a node.
             ensure(
-                live.lock.node is self.tree.root or live.lock.node.mamba_lock > 0,
+                live.lock.node is self.tree.root_node or live.lock.node.mamba_lock > 0,
                 f"{rid!r}: its node is not Mamba-locked",
             )
             ensure(

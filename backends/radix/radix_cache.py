@@ -1,14 +1,25 @@
-"""RadixCache: SGLang's radix tree over KV slot indices (``radix_cache.py``), pool-agnostic.
+"""RadixCache: the one radix tree over KV slot indices, pool-agnostic: SGLang 0.5.23's
+``UnifiedTreeCore`` (``unified_cache/unified_tree_core.py``). One walk, split, insert, lock and
+eviction serve every mix: FULL (the KV every token has) is the tree's own; another component
+(components/: SWA or MAMBA) takes part through SGLang's ``TreeComponent`` hooks (below, named
+as SGLang names them); HiCache's host copies are a subclass (hicache_tree.py).
 
 The tree knows tokens and slot indices only; whoever owns the KV pool passes ``free_slots``,
-called once per eviction with the slots of each leaf it took, in order (a free call each, as
-SGLang frees leaf by leaf). Sizes are in tokens:
+called once per eviction phase with the slots of each leaf it took, in order (a free call each,
+as SGLang frees leaf by leaf). Sizes are in tokens:
 ``evictable_size + protected_size == total_size()`` at all times (root excluded).
+
+Time, ours: one ``clock`` reading per walk. A match stamps its path from the root to its best
+node with it (SGLang: from that node up, each ancestor a tick older), an insert every node it
+walks and the new leaf (SGLang: a tick each). Only the order of the stamps reaches an eviction
+(no two nodes of one path are evictable leaves at once), so the recorded fixtures and the random
+streams through the pinned SGLang agree with either.
 """
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -30,6 +41,7 @@ from prefixcache.eviction import (
 )
 
 EMPTY_SLOTS: SlotArray = np.empty(0, dtype=np.int64)
+EvictionOrder = Callable[[list[TreeNode]], list[TreeNode]]
 
 
 def _part(value: SlotArray, end: int, start: int, stop: int) -> SlotArray:
@@ -39,9 +51,92 @@ def _part(value: SlotArray, end: int, start: int, stop: int) -> SlotArray:
 
 
 class MatchResult(NamedTuple):
-    length: int  # tokens matched (whole pages)
+    length: int  # tokens matched (whole pages), up to ``last_node`` (device_prefix_len)
     indices: SlotArray  # their KV slots, in token order
-    last_node: TreeNode  # deepest node of the match (the root for no match)
+    last_node: TreeNode  # deepest node the component accepts (best_match_node; the root for none)
+    full_hit: int  # tokens whose full KV matched (full_kv_hit_length; ``length`` without a component)
+    last_visited: TreeNode  # the deepest node the walk reached
+
+
+class TreeInsert(NamedTuple):
+    prefix_len: int  # tokens already cached (the caller frees its own slots there, or the component did)
+    node: TreeNode  # where the key ends: a new leaf, or the node the walk ended on (the root: empty)
+    exist: bool  # MAMBA: that node kept its own state (``mamba_exist``: the caller's slot was not taken)
+
+
+class InsertParams(NamedTuple):
+    prev_prefix_len: int = 0  # the inserter's tree-owned prefix: its slots there are the tree's
+    swa_evicted_seqlen: int = 0  # SWA: the inserter freed the SWA KV of its first this many tokens
+    mamba: int | None = None  # MAMBA: the state slot at the key's end (None: KV only)
+
+
+class LockReceipt(NamedTuple):
+    node: TreeNode
+    swa_uuid: int | None  # SWA: where its lock's window ended (None: at the root, or no SWA)
+
+
+class TreeComponent(ABC):
+    """A component's part in the tree's operations (SGLang's ``TreeComponent``); its sizes
+    (``evictable`` / ``protected``) count its own units over the nodes holding its data. Its
+    lock covers part of the FULL lock's path, so a node it locks is never an evictable leaf."""
+
+    tree: RadixCache
+    evictable: int
+    protected: int
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Empty sizes and lists, at every reset (the root is new)."""
+
+    @abstractmethod
+    def create_match_validator(self) -> Callable[[TreeNode], bool]:
+        """Asked of each node a match walks, in order: may the hit end there?"""
+
+    @abstractmethod
+    def refresh_lru(self, node: TreeNode) -> None:
+        """A match ended at ``node`` (``refresh_lru`` at MATCH_END)."""
+
+    @abstractmethod
+    def redistribute_on_node_split(self, new: TreeNode, child: TreeNode) -> None:
+        """Its share of a split's data (``new`` the upper part, ``child`` the lower)."""
+
+    @abstractmethod
+    def check_insert(self, params: InsertParams) -> None:
+        """ValueError, before anything changes, for parameters it cannot take."""
+
+    @abstractmethod
+    def update_component_on_insert_overlap(
+        self, node: TreeNode, start: int, incoming: SlotArray, params: InsertParams
+    ) -> None:
+        """An insert walked ``node`` (tokens from ``start``) with slots ``incoming`` for it: adopt
+        what it holds no more and free the inserter's duplicates (past ``prev_prefix_len``)."""
+
+    @abstractmethod
+    def commit_insert_component_data(
+        self, node: TreeNode, start: int, end: int, params: InsertParams, fresh: bool
+    ) -> bool:
+        """The insert ends at ``node``, a new leaf for tokens [start, end) if ``fresh``; returns
+        ``TreeInsert.exist``."""
+
+    @abstractmethod
+    def acquire_component_lock(self, node: TreeNode) -> int | None:
+        """Its lock for a request locked at ``node``; returns what ``LockReceipt.swa_uuid`` keeps."""
+
+    @abstractmethod
+    def release_component_lock(self, receipt: LockReceipt) -> None:
+        """Undo ``acquire_component_lock`` (RuntimeError, changing nothing, if not held)."""
+
+    @abstractmethod
+    def on_delete_leaf(self, leaf: TreeNode, freed: list[int]) -> None:
+        """Free its data of a leaf being deleted, counting its units in ``freed[1]``."""
+
+    @abstractmethod
+    def evict_component(self, amount: int, freed: list[int]) -> None:
+        """Its own eviction phase, until ``freed[1]`` reaches ``amount`` or nothing is left."""
+
+    @abstractmethod
+    def check(self) -> None:
+        """AssertionError unless its sizes and lists agree with the nodes."""
 
 
 class RadixCache:
@@ -58,12 +153,17 @@ class RadixCache:
         capacity: int | None = None,
         learns: bool = False,
         whole_leaves: bool = True,
+        component: TreeComponent | None = None,
+        order: EvictionOrder | None = None,
     ) -> None:
         """capacity: the most leaves the tree can hold (the pool's pages), for the policies with
         a ghost of that size (arc, s3fifo, lrp). learns: the owner feeds ``lrp`` each request's
         admission and release (``learn_admission``, ``learn_release``); only then may the
         policy be lrp. whole_leaves: SGLang evicts a victim leaf whole (True); False (ours, an
-        ablation) splits it and evicts only the pages still asked for, from its end."""
+        ablation) splits it and evicts only the pages still asked for, from its end.
+        component: the tree's other component (components/: SWA or MAMBA; None: FULL only).
+        order: None for the policy's order, else a function putting the eviction candidates
+        in eviction order (Marconi), asked at every step of both eviction phases."""
         self.page_size = page_size
         self.whole_leaves = whole_leaves
         self.disable = disable
@@ -76,6 +176,10 @@ class RadixCache:
         self.clock = clock
         # SGLang's ``kv_events`` recorder (None: off); set before the first reset, which it records.
         self.events = events
+        self.component, self.order = component, order
+        if component is not None:
+            component.tree = self
+        self.now = 0.0  # the current walk's clock reading (a component stamps with it)
         # Ours: changes whenever a match could find something else (a leaf added, a leaf
         # evicted, a reset), so a match taken earlier knows whether it still holds. Splits
         # change no match and do not count.
@@ -92,6 +196,8 @@ class RadixCache:
         # (policy priority, id) and update on each change, so evict pays only for what it pops.
         self._leaves = make_index(self.policy)
         self._leaf_entry: dict[int, tuple[Any, int, TreeNode]] = {}
+        if self.component is not None:
+            self.component.reset()
         if self.events is not None:
             self.events.record_all_cleared()
 
@@ -117,8 +223,9 @@ class RadixCache:
         self, key: RadixKey, along: TreeNode | None = None, indices_from: int = 0,
         indices_to: int | None = None,
     ) -> MatchResult:
-        """Longest cached whole-page prefix of ``key``. Stamps access times on every visited
-        node, splits a node where the match ends inside it; never locks, never counts a hit.
+        """Longest cached whole-page prefix of ``key`` that the component accepts (its validator
+        asked of each node walked). Splits a node where the match ends inside it, stamps the
+        path from the root to the hit's end; never locks, never counts a hit.
 
         along: a node the caller knows lies on ``key``'s path (its root-to-node tokens are a
         prefix of ``key``: a request's own locked node): the walk down to it follows parent
@@ -129,18 +236,17 @@ class RadixCache:
         key, _ = key.maybe_to_bigram_view(self.is_eagle)
         key = key.page_aligned(self.page_size)
         if self.disable or len(key) == 0:
-            return MatchResult(0, EMPTY_SLOTS, self.root_node)
-        now = self.clock()
+            return MatchResult(0, EMPTY_SLOTS, self.root_node, 0, self.root_node)
+        self.now = now = self.clock()
+        accept = None if self.component is None else self.component.create_match_validator()
         node = self.root_node
-        node.last_access_time = now
         values: list[SlotArray] = []
         pos = 0
         end = len(key)
         stop = end if indices_to is None else min(indices_to, end)
         if along is not None:
+            assert accept is None, "along: a FULL-only tree's walk"
             for child in self._path_from_root(along):
-                child.last_access_time = now
-                self._refresh(child)
                 value = child.value
                 assert value is not None
                 pos += len(value)  # a slot per token of its key
@@ -148,15 +254,29 @@ class RadixCache:
                     values.append(_part(value, pos, indices_from, stop))
             assert pos <= end, "along: the node's path is longer than the key"
             node = along
-        for child, n, diverged in self._walk(node, key, pos, end, now):
+        best, best_pos, kept = node, pos, len(values)
+        for child, n, diverged in self._walk(node, key, pos, end, now, stamp=False):
             assert child.value is not None
             node, pos = child, pos + n
             if pos > indices_from and pos - n < stop:
                 values.append(_part(child.value, pos, indices_from, stop))
+            if accept is None or accept(child):
+                best, best_pos, kept = child, pos, len(values)
             if diverged:
                 break
-        indices = np.concatenate(values) if values else EMPTY_SLOTS
-        return MatchResult(pos, indices, node)
+        if self.component is not None:
+            self.component.refresh_lru(best)
+        self._stamp_path(best, now)
+        chunks = values[:kept]
+        indices = np.concatenate(chunks) if chunks else EMPTY_SLOTS
+        return MatchResult(best_pos, indices, best, pos, node)
+
+    def _stamp_path(self, node: TreeNode | None, now: float) -> None:
+        """A match's stamp: ``node`` and its ancestors, the root included."""
+        while node is not None:
+            node.last_access_time = now
+            self._refresh(node)
+            node = node.parent
 
     def _begin_insert(
         self, key: RadixKey, value: SlotArray | None, priority: int, value_from: int = 0
@@ -173,7 +293,7 @@ class RadixCache:
             raise ValueError(
                 f"insert of {len(key)} tokens with only {len(value)} slot indices from token {value_from}"
             )
-        now = self.clock()
+        self.now = now = self.clock()
         root = self.root_node
         root.last_access_time = now
         root.priority = max(root.priority, priority)
@@ -181,7 +301,7 @@ class RadixCache:
 
     def insert(
         self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
-        along: TreeNode | None = None, value_from: int = 0,
+        along: TreeNode | None = None, value_from: int = 0, params: InsertParams | None = None,
     ) -> int:
         """Cache ``key`` (page-aligned) with slot indices ``value``; returns the length that was
         already cached (the caller frees its own slots for that range). Never overwrites.
@@ -192,17 +312,25 @@ class RadixCache:
         along: as for ``match_prefix``, a node known to lie on ``key``'s path.
         value_from: ``value`` holds the slots of tokens [value_from, len) only, for a caller
         whose tokens before it are cached already (ValueError if any of them is not).
+        params: the component's (``InsertParams``), which sees each node walked
+        (``update_component_on_insert_overlap``, its slots) and the end
+        (``commit_insert_component_data``).
         """
-        return self.insert_ending_at(key, value, priority, hit_from, along, value_from)[0]
+        return self.insert_ending_at(key, value, priority, hit_from, along, value_from, params)[0]
 
     def insert_ending_at(
         self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
-        along: TreeNode | None = None, value_from: int = 0,
-    ) -> tuple[int, TreeNode]:
-        """``insert``, and the node the inserted key ends at (the root for an empty key), which
-        a caller's next walk of the same key can pass as ``along``."""
+        along: TreeNode | None = None, value_from: int = 0, params: InsertParams | None = None,
+    ) -> TreeInsert:
+        """``insert``, the node the inserted key ends at (the root for an empty key), which a
+        caller's next walk of the same key can pass as ``along``, and the component's ``exist``."""
         if self.disable:
-            return 0, self.root_node
+            return TreeInsert(0, self.root_node, False)
+        component = self.component
+        if component is not None:
+            params = InsertParams() if params is None else params
+            component.check_insert(params)
+            assert along is None and value_from == 0, "along, value_from: a FULL-only tree's insert"
         key, value, now = self._begin_insert(key, value, priority, value_from)
         node = self.root_node
         pos = 0
@@ -224,13 +352,17 @@ class RadixCache:
             node = along
         for child, n, _ in self._walk(node, key, pos, end, now):
             child.priority = max(child.priority, priority)
+            if component is not None:
+                assert params is not None
+                component.update_component_on_insert_overlap(child, pos, value[pos : pos + n], params)
             pos += n
             if pos > hit_from:
                 child.hit_count += 1
             child.tail_tokens = end - pos
             self._refresh(child)
             node = child
-        if pos < end:
+        fresh = pos < end
+        if fresh:
             if pos < value_from:
                 raise ValueError(f"insert: tokens [{pos}, {value_from}) are not cached and have no slots")
             def admitted(leaf: TreeNode) -> None:
@@ -239,7 +371,10 @@ class RadixCache:
                     admit(self.policy, leaf, self._content_id(leaf))
 
             node = self._add_leaf(node, key[pos:], value[pos - value_from :], now, priority, admitted)
-        return pos, node
+        if component is None:
+            return TreeInsert(pos, node, False)
+        assert params is not None
+        return TreeInsert(pos, node, component.commit_insert_component_data(node, pos, end, params, fresh))
 
     def _add_leaf(
         self, parent: TreeNode, key: RadixKey, value: SlotArray, now: float, priority: int,
@@ -275,29 +410,31 @@ class RadixCache:
         return path
 
     def _walk(
-        self, node: TreeNode, key: RadixKey, pos: int, end: int, now: float
+        self, node: TreeNode, key: RadixKey, pos: int, end: int, now: float, stamp: bool = True
     ) -> Iterator[tuple[TreeNode, int, bool]]:
         """``_descend`` edge after edge from ``node`` at ``key[pos]`` while tokens before ``end``
         remain, as long as a child matches: each (child, tokens matched, split)."""
         while pos < end:
-            step = self._descend(node, key, pos, now)
+            step = self._descend(node, key, pos, now, stamp)
             if step is None:
                 return
             yield step
             node, pos = step[0], pos + step[1]
 
     def _descend(
-        self, node: TreeNode, key: RadixKey, pos: int, now: float
+        self, node: TreeNode, key: RadixKey, pos: int, now: float, stamp: bool = True
     ) -> tuple[TreeNode, int, bool] | None:
         """One edge down from ``node`` along ``key[pos:]`` (match and insert alike): the child,
-        stamped ``now`` and split where the match ends inside it, the tokens it matched, and
-        whether it was split; None if no child starts with ``key[pos:]``."""
+        stamped ``now`` if ``stamp`` (an insert's walk; a match stamps its hit's path after),
+        split where the match ends inside it, the tokens it matched, and whether it was split;
+        None if no child starts with ``key[pos:]``."""
         rest = key[pos:]
         child = node.children.get(rest.child_key(self.page_size))
         if child is None:
             return None
-        child.last_access_time = now
-        self._refresh(child)  # before a split: the lower part keeps this stamp
+        if stamp:
+            child.last_access_time = now
+            self._refresh(child)
         n = child.key.match(rest, self.page_size)
         diverged = n < len(child.key)  # the query ends or differs inside this edge
         if diverged:
@@ -305,8 +442,9 @@ class RadixCache:
         return child, n, diverged
 
     def _split_node(self, child: TreeNode, split_len: int, now: float) -> TreeNode:
-        """parent -> new[:split_len] -> child[split_len:]; sizes unchanged. Returns new. (A
-        host-only child, HiCache's, has no device slots: nor has the new node.)
+        """parent -> new[:split_len] -> child[split_len:]; sizes unchanged; both parts stamped
+        ``now``, the component's data redistributed. Returns new. (A host-only child, HiCache's,
+        has no device slots: nor has the new node.)
 
         The new prefix node takes the child's creation time, as 0.5.23's UnifiedRadixCache
         splits (what its registry builds for a plain model); its older RadixCache gives the prefix
@@ -329,7 +467,10 @@ class RadixCache:
         child.parent = new
         new.children = {child.key.child_key(self.page_size): child}
         new.parent.children[new.key.child_key(self.page_size)] = new
-        self._refresh(child)  # a key that depends on the length (wlfu) just changed
+        child.last_access_time = now
+        if self.component is not None:
+            self.component.redistribute_on_node_split(new, child)
+        self._refresh(child)  # its stamp, and a key that depends on the length (wlfu), changed
         return new
 
     # ------------------------------------------------------------------ lrp
@@ -412,6 +553,20 @@ class RadixCache:
             raise ValueError(f"inc_lock_ref on evicted {new}")
         return sum(self._pin(node) for node in below)  # bottom up, as inc_lock_ref goes
 
+    def lock(self, node: TreeNode) -> LockReceipt:
+        """``inc_lock_ref(node)`` and the component's lock as it scopes it (none on the root)."""
+        self.inc_lock_ref(node)
+        if self.component is None or node is self.root_node:
+            return LockReceipt(node, None)
+        return LockReceipt(node, self.component.acquire_component_lock(node))
+
+    def unlock(self, receipt: LockReceipt, swa_released: bool = False) -> None:
+        """Undo ``lock``: the component's lock (unless ``swa_released``: SWA let go of it
+        early), then the FULL lock."""
+        if self.component is not None and receipt.node is not self.root_node and not swa_released:
+            self.component.release_component_lock(receipt)
+        self.dec_lock_ref(receipt.node)
+
     def dec_lock_ref(self, node: TreeNode) -> int:
         """Unpin what ``inc_lock_ref(node)`` pinned. Returns the change in evictable size.
 
@@ -442,14 +597,33 @@ class RadixCache:
         freed (it may overshoot) or none is left; returns the tokens freed. Without
         ``whole_leaves`` a leaf longer than the pages still asked for is split first and only
         its end evicted."""
+        return self.evict_for_alloc(num_tokens)[0]
+
+    def evict_for_alloc(self, full_tokens: int, component: int = 0) -> tuple[int, int]:
+        """The FULL phase (``evict``) for ``full_tokens`` tokens, then the component's for
+        ``component`` of its units (SWA tokens, Mamba states), each counting what the other
+        freed. Returns (full tokens, component units) freed. (SGLang's ``evict_for_alloc`` stops
+        each phase once its pool gained the shortfall: the same stop, as a pool gains exactly
+        what is freed.)"""
+        freed = [0, 0]
         if self.disable:
-            return 0
-        evicted = 0
-        freed: list[SlotArray] = []  # each leaf's slots, freed after the walk in one call
-        while evicted < num_tokens and self._leaves:
-            key, _, leaf = self._leaves[0]
+            return 0, 0
+        if full_tokens > 0:
+            self._evict_full(full_tokens, freed)
+        if self.component is not None and component > 0 and freed[1] < component:
+            self.component.evict_component(component, freed)
+        return freed[0], freed[1]
+
+    def _evict_full(self, num_tokens: int, freed: list[int]) -> None:
+        runs: list[SlotArray] = []  # each leaf's slots, freed after the walk in one call
+        while freed[0] < num_tokens and self._leaves:
+            if self.order is None:
+                key, _, leaf = self._leaves[0]
+            else:
+                leaf = self.order([entry[2] for entry in self._leaves])[0]
+                key = self._leaf_entry[leaf.id][0]
             if not self.whole_leaves:
-                asked = -(-(num_tokens - evicted) // self.page_size) * self.page_size
+                asked = -(-(num_tokens - freed[0]) // self.page_size) * self.page_size
                 if len(leaf.key) > asked:  # the upper part stays, stamped as the leaf was
                     self._split_node(leaf, len(leaf.key) - asked, leaf.last_access_time)
                     key = self._leaf_entry[leaf.id][0]
@@ -460,14 +634,28 @@ class RadixCache:
                 if self.learner is not None:  # the ghost walks on from the edge's own node
                     self.learner.evicted(leaf, content_id, (leaf.id, len(leaf.key)))
             assert leaf.value is not None
-            freed.append(leaf.value)
-            evicted += len(leaf.value)
-            self._delete_leaf(leaf)  # its parent joins the leaves if now unlocked and childless
-            if self.events is not None:
-                self.events.record_remove(leaf)
-        if freed:
-            self.free_slots(freed)
-        return evicted
+            runs.append(leaf.value)
+            self._remove_leaf(leaf, freed)
+        if runs:
+            self.free_slots(runs)
+
+    def delete_leaf(self, leaf: TreeNode, freed: list[int]) -> None:
+        """Free an evictable leaf's KV, the component's and the full, and unlink it
+        (``_delete_unbacked_device_leaf``), counting full tokens in ``freed[0]``."""
+        assert leaf.value is not None
+        value = leaf.value
+        self._remove_leaf(leaf, freed)
+        self.free_slots([value])
+
+    def _remove_leaf(self, leaf: TreeNode, freed: list[int]) -> None:
+        """``delete_leaf`` but the full slots' free: the caller frees them."""
+        assert leaf.id in self._leaf_entry and leaf.value is not None
+        if self.component is not None:
+            self.component.on_delete_leaf(leaf, freed)
+        freed[0] += len(leaf.value)
+        self._delete_leaf(leaf)  # its parent joins the leaves if now unlocked and childless
+        if self.events is not None:
+            self.events.record_remove(leaf)
 
     def _delete_leaf(self, node: TreeNode) -> None:
         parent = node.parent
@@ -490,6 +678,10 @@ class RadixCache:
     def _is_evictable_leaf(self, node: TreeNode) -> bool:
         return not node.evicted and node.lock_ref == 0 and not node.children and node is not self.root_node
 
+    def is_evictable_leaf(self, node: TreeNode) -> bool:
+        """Whether ``node`` is a candidate of the FULL phase (filed in the leaf index)."""
+        return node.id in self._leaf_entry
+
     def _update_leaf_status(self, node: TreeNode) -> None:
         entry = self._leaf_entry.pop(node.id, None)
         if entry is not None:
@@ -509,6 +701,14 @@ class RadixCache:
         """Every node but the root, parents before children."""
         return iter_nodes(self.root_node)
 
+    def path_indices(self, node: TreeNode) -> SlotArray:
+        """The full slots of the tokens from the root to the end of ``node``."""
+        chunks = []
+        for child in self._path_from_root(node):
+            assert child.value is not None
+            chunks.append(child.value)
+        return np.concatenate(chunks) if chunks else EMPTY_SLOTS
+
     def evictable_leaves(self) -> list[TreeNode]:
         """The evictable leaves in eviction order."""
         return [entry[2] for entry in self._leaves]
@@ -524,7 +724,7 @@ class RadixCache:
             assert len(node.key) % self.page_size == 0, f"{node}: key not whole pages"
             ck = node.key.child_key(self.page_size)
             assert parent.children.get(ck) is node, f"{node} not filed under its child key {ck!r}"
-            assert node.lock_ref >= 0, f"{node}: negative lock_ref"
+            assert min(node.lock_ref, node.swa_lock, node.mamba_lock) >= 0, f"{node}: negative lock"
             if node.lock_ref > 0:
                 protected += len(node.value)
                 assert parent is self.root_node or parent.lock_ref > 0, f"{node} locked, its parent not"
@@ -543,4 +743,6 @@ class RadixCache:
         for prio, nid, node in self._leaves:
             assert node.id == nid, f"{node}: filed under another id"
             assert not fresh or prio == self.policy.priority(node), f"{node}: stale eviction priority"
+        if self.component is not None:
+            self.component.check()
 

@@ -38,6 +38,7 @@ import numpy as np
 from prefixcache.backends.radix.adapter import RadixAdapter
 from prefixcache.backends.radix.backend import request_key
 from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
+from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt, RadixCache
 from prefixcache.backends.radix.swa_pool import (
     DEFAULT_SWA_FULL_TOKENS_RATIO,
     SWAPagePool,
@@ -45,7 +46,6 @@ from prefixcache.backends.radix.swa_pool import (
     swa_window,
 )
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
-from prefixcache.backends.radix.unified_tree import LockReceipt, UnifiedRadixTree
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, ensure
@@ -77,7 +77,7 @@ class _SWALive:
 
 
 class SWARadixPrefixCache(RadixAdapter[_SWALive]):
-    tree: UnifiedRadixTree
+    tree: RadixCache
     swa: SWAComponent  # the tree's SWA component
 
     def __init__(
@@ -94,7 +94,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
     ) -> None:
         """kv_events: SGLang's ``enable_kv_cache_events`` on its unified tree: BlockStored for
         each new leaf, BlockRemoved for each deleted node (a tombstone emits nothing),
-        AllBlocksCleared at every reset (unified_tree.py); not with ``is_eagle``."""
+        AllBlocksCleared at every reset (radix_cache.py); not with ``is_eagle``."""
         if eviction_policy != "lru" or need_sort or disable:
             raise ValueError(
                 "the hybrid SWA radix cache supports eviction_policy='lru', need_sort=False and "
@@ -166,7 +166,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         full_short = max(0, demand - pool.full.num_free * p)
         swa_short = max(0, demand - pool.swa.num_free * p)
         if full_short or swa_short:
-            freed, _ = tree.evict(full_short, swa_short)
+            freed, _ = tree.evict_for_alloc(full_short, swa_short)
             self.stats.evicted_tokens += freed
         pages = pool.alloc(num_pages)
         assert pages is not None, "eviction made less room than its evictable sizes promised"
@@ -177,7 +177,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         p = self.page_size
         pool, tree = self.pool, self.tree
         return (
-            num_pages <= pool.full.num_free + tree.full_evictable // p
+            num_pages <= pool.full.num_free + tree.evictable_size() // p
             and num_pages <= pool.swa.num_free + swa_bonus + self.swa.evictable // p
         )
 
@@ -205,7 +205,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
     def _match(self, req: Request) -> SWATreeMatch:
         m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
         return SWATreeMatch(
-            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.node, m.full_hit
+            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, m.full_hit
         )
 
     def _revalidate(self, match: Match) -> SWATreeMatch:
@@ -217,11 +217,11 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         self.pool.end_group()  # the scheduler allocates after the last batch's group closed
         m = cast(SWATreeMatch, match)
         total = m.tokens + num_new_tokens
-        receipt = self.tree.inc_lock_ref(m.last_node)  # first, so making room cannot evict the hit
+        receipt = self.tree.lock(m.last_node)  # first, so making room cannot evict the hit
         need = -(-total // self.page_size) - m.tokens // self.page_size
         new_pages = self._take(need, self._demand(num_new_tokens, decode=False)[0])
         if new_pages is None:
-            self.tree.dec_lock_ref(receipt)
+            self.tree.unlock(receipt)
             return None
         pages = PageTable(np.concatenate([self._pages_of(m.indices), new_pages]))
         p = self.page_size
@@ -269,12 +269,13 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         if aligned == 0:
             return
         own = self._slots(live.pages[: aligned // p])
-        node = self.tree.insert(key, own, live.protected, swa_evicted_seqlen=live.swa_evicted).node
+        params = InsertParams(live.protected, live.swa_evicted)
+        node = self.tree.insert_ending_at(key, own, params=params).node
         path = self.tree.path_indices(node)
         assert len(path) == aligned, f"insert ended at {len(path)} of {aligned} tokens"
         live.pages[live.protected // p : aligned // p] = self._pages_of(path[live.protected :])
-        self.tree.dec_lock_ref(live.receipt)
-        live.receipt = self.tree.inc_lock_ref(node)
+        self.tree.unlock(live.receipt)
+        live.receipt = self.tree.lock(node)
         live.protected = aligned
         if branch:  # cleanup_after_caching_req: the branch is in; free what slid out since
             live.branching = None
@@ -316,12 +317,12 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         own = live.pages[lo:written]
         self.pool.free_full_only(own[: max(0, dead_hi - lo)])
         self.pool.free(own[max(0, dead_hi - lo) :])
-        self.tree.dec_lock_ref(live.receipt)
+        self.tree.unlock(live.receipt)
         self.pool.free(live.pages[written:])
 
     def _evict(self, num_tokens: int) -> int:
         self.pool.end_group()
-        freed, _ = self.tree.evict(num_tokens, 0)
+        freed = self.tree.evict(num_tokens)
         self.stats.evicted_tokens += freed
         return freed
 
@@ -331,7 +332,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         self.pool.end_group()
-        return self.tree.evict(0, num_tokens)[1]
+        return self.tree.evict_for_alloc(0, num_tokens)[1]
 
     def _reset(self) -> None:
         version = self.tree.version
@@ -342,7 +343,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
     def usage(self) -> PageUsage:
         """The full pool's pages (the one every request's tokens all need)."""
         free = self.pool.full.num_free
-        evictable = self.tree.full_evictable // self.page_size
+        evictable = self.tree.evictable_size() // self.page_size
         return PageUsage(free, evictable, self.pool.full.num_pages - 1 - free - evictable)
 
     def num_usable_pages(self) -> int:

@@ -363,7 +363,8 @@ def replay_mamba_ours(sc: Stream) -> Records:
             rec["kv"] = cache.page_tables(req)[0][: req.num_computed_tokens]
             rec["protected"] = cache._live[req.request_id].state.protected
         tree = cache.tree
-        rec["pools"] = [cache.kv.num_free, cache.states.num_free, tree.full_evictable, cache.mamba.evictable]
+        pools = [cache.kv.num_free, cache.states.num_free, tree.evictable_size(), cache.mamba.evictable]
+        rec["pools"] = pools
         rec["states"] = _mamba_states(tree)
         cache.check_invariants()
         out.append(rec)
@@ -372,7 +373,7 @@ def replay_mamba_ours(sc: Stream) -> Records:
 
 def _mamba_states(tree: Any) -> list[list[Any]]:
     out: list[list[Any]] = []
-    stack: list[tuple[Any, list[int]]] = [(tree.root, [])]
+    stack: list[tuple[Any, list[int]]] = [(tree.root_node, [])]
     while stack:
         node, path = stack.pop()
         for child in node.children.values():

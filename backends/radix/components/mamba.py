@@ -17,29 +17,33 @@ a node is the model's recurrent state after exactly the tokens from the root to 
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 
 from prefixcache.backends.radix.events import RadixEventRecorder
-from prefixcache.backends.radix.tree import SlotArray, TreeNode
-from prefixcache.backends.radix.unified_tree import (
+from prefixcache.backends.radix.radix_cache import (
     EvictionOrder,
     InsertParams,
     LockReceipt,
+    RadixCache,
     TreeComponent,
-    UnifiedRadixTree,
 )
+from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 
 def mamba_tree(
-    free_slots: Callable[[SlotArray], None],
+    free_slots: Callable[[list[SlotArray]], None],
     mamba: MambaComponent,
     order: EvictionOrder | None = None,
     events: RadixEventRecorder | None = None,
-) -> UnifiedRadixTree:
+) -> RadixCache:
     """The FULL + MAMBA tree (page size 1): ``free_slots`` takes the KV slots eviction and
-    duplicate inserts free; ``order`` as ``UnifiedRadixTree``'s (Marconi)."""
-    return UnifiedRadixTree(1, mamba, free_slots, events=events, order=order)
+    duplicate inserts free; ``order`` as ``RadixCache``'s (Marconi). Time counts walks."""
+    return RadixCache(
+        1, free_slots=free_slots, clock=itertools.count().__next__, events=events, component=mamba,
+        order=order,
+    )
 
 
 class MambaComponent(TreeComponent):
@@ -50,9 +54,6 @@ class MambaComponent(TreeComponent):
         self.evictable = self.protected = 0
         # Mamba LRU: every node holding a state, least recently used first.
         self.lru: OrderedDict[int, TreeNode] = OrderedDict()
-
-    def locked(self, node: TreeNode) -> bool:
-        return node.mamba_lock > 0
 
     def _set_state(self, node: TreeNode, slot: int) -> None:
         assert node.mamba is None
@@ -90,7 +91,7 @@ class MambaComponent(TreeComponent):
         """The inserter's slots past its own prefix are duplicates: freed, in walk order."""
         dup_start = max(0, params.prev_prefix_len - start)
         if dup_start < len(incoming):
-            self.tree.free_full(incoming[dup_start:])
+            self.tree.free_slots([incoming[dup_start:]])
 
     def commit_insert_component_data(
         self, node: TreeNode, start: int, end: int, params: InsertParams, fresh: bool
@@ -102,15 +103,13 @@ class MambaComponent(TreeComponent):
             if mamba is not None:
                 self._set_state(node, mamba)
             return False
-        if node is self.tree.root or mamba is None:
+        if node is self.tree.root_node or mamba is None:
             return node.mamba is not None
-        if node.mamba is None:
+        if node.mamba is None:  # (the insert's walk stamped it, as SGLang's commit does)
             self._set_state(node, mamba)
-            node.last_access_time = self.tree._tick()
             self.tree.version += 1  # a match can now reach further
             return False
         self.lru.move_to_end(node.id)
-        node.last_access_time = self.tree._tick()
         return True
 
     # ------------------------------------------------------------------ locks
@@ -146,7 +145,7 @@ class MambaComponent(TreeComponent):
                 break
             if node.id not in self.lru or node.mamba_lock:
                 continue
-            if node in self.tree.leaves:
+            if self.tree.is_evictable_leaf(node):
                 self.tree.delete_leaf(node, freed)
             else:
                 self._drop_state(node)  # internal (or full-locked): tombstone
@@ -165,7 +164,7 @@ class MambaComponent(TreeComponent):
                     mp += 1
                 else:
                     me += 1
-        root = self.tree.root
-        assert root.mamba is None and not root.lock_ref, "the root holds no state, no lock"
+        root = self.tree.root_node
+        assert root.mamba is None and not root.mamba_lock, "the root holds no state, no Mamba lock"
         assert (me, mp) == (self.evictable, self.protected), f"mamba sizes drifted {me, mp}"
         assert holders == set(self.lru), "Mamba LRU != nodes holding a state"

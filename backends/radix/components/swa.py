@@ -17,32 +17,36 @@ for window + page tokens back from a match's best node / an insert's target, the
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
 from prefixcache.backends.radix.adapter import slot_pages
 from prefixcache.backends.radix.events import RadixEventRecorder
-from prefixcache.backends.radix.swa_pool import SWAPagePool
-from prefixcache.backends.radix.tree import SlotArray, TreeNode
-from prefixcache.backends.radix.unified_tree import (
-    EMPTY,
+from prefixcache.backends.radix.radix_cache import (
+    EMPTY_SLOTS,
     InsertParams,
     LockReceipt,
+    RadixCache,
     TreeComponent,
-    UnifiedRadixTree,
 )
+from prefixcache.backends.radix.swa_pool import SWAPagePool
+from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 
 def swa_tree(
     page_size: int, swa: SWAComponent, is_eagle: bool = False, events: RadixEventRecorder | None = None
-) -> UnifiedRadixTree:
-    """The FULL + SWA tree over ``swa``'s pools: a deleted leaf's full pages go back to the full pool."""
-    return UnifiedRadixTree(
-        page_size,
-        swa,
-        lambda slots: swa.pool.full.free(slot_pages(slots, page_size)),
-        is_eagle=is_eagle,
-        events=events,
+) -> RadixCache:
+    """The FULL + SWA tree over ``swa``'s pools: a deleted leaf's full pages go back to the full
+    pool. Time counts walks (SGLang's tree counts stamps: the same order)."""
+
+    def free_full(runs: list[SlotArray]) -> None:
+        for slots in runs:
+            swa.pool.full.free(slot_pages(slots, page_size))
+
+    return RadixCache(
+        page_size, is_eagle=is_eagle, free_slots=free_full, clock=itertools.count().__next__,
+        events=events, component=swa,
     )
 
 
@@ -129,7 +133,7 @@ class SWAComponent(TreeComponent):
         self._next_uuid = 0
 
     def reset(self) -> None:
-        self.tree.root.swa = EMPTY
+        self.tree.root_node.swa = EMPTY_SLOTS
         self.lru = SWALRU()
         self.evictable = self.protected = 0
 
@@ -145,9 +149,6 @@ class SWAComponent(TreeComponent):
         p = self.tree.page_size
         peers = self.pool.full_to_swa[full_slots // p]
         return np.where(peers > 0, peers * p + full_slots % p, 0)  # type: ignore[no-any-return]
-
-    def locked(self, node: TreeNode) -> bool:
-        return node.swa_lock > 0
 
     def _set_swa(self, node: TreeNode, swa: SlotArray) -> None:
         """``set_component_device_value``: store SWA slots, MRU, counted by lock state."""
@@ -186,7 +187,7 @@ class SWAComponent(TreeComponent):
         return accept
 
     def refresh_lru(self, node: TreeNode) -> None:
-        self.lru.refresh_window(node, self.tree.root, self._span())
+        self.lru.refresh_window(node, self.tree.root_node, self._span())
 
     # ------------------------------------------------------------------ insert
     def check_insert(self, params: InsertParams) -> None:
@@ -239,7 +240,7 @@ class SWAComponent(TreeComponent):
         if live_start >= end:
             return None
         if live_start > start:
-            self.tree._split(node, live_start - start)  # ``node`` keeps the upper part
+            self.tree._split_node(node, live_start - start, self.tree.now)  # ``node`` keeps the upper part
         return live_start
 
     def commit_insert_component_data(
@@ -253,12 +254,12 @@ class SWAComponent(TreeComponent):
             p = self.tree.page_size
             tail = -(-self.window // p) * p
             if node.swa_lock == 0 and len(node.key) > tail:
-                parent = self.tree._split(node, len(node.key) - tail)
+                parent = self.tree._split_node(node, len(node.key) - tail, self.tree.now)
             for part in (parent, node):
                 if part is not None:
                     assert part.value is not None
                     self._set_swa(part, self.to_swa(part.value))
-        if node is not self.tree.root:
+        if node is not self.tree.root_node:
             self.refresh_lru(node)
         return False
 
@@ -266,7 +267,7 @@ class SWAComponent(TreeComponent):
     def acquire_component_lock(self, node: TreeNode) -> int | None:
         """Up to one window back, the window's end stamped with a uuid."""
         cur, covered, uuid = node, 0, None
-        while cur is not self.tree.root and covered < self.window:
+        while cur is not self.tree.root_node and covered < self.window:
             if cur.swa_lock == 0 and cur.swa is not None:
                 self.evictable -= len(cur.swa)
                 self.protected += len(cur.swa)
@@ -292,7 +293,7 @@ class SWAComponent(TreeComponent):
     def _release(self, receipt: LockReceipt, early: bool) -> None:
         cur = receipt.node
         freed = [0, 0]
-        while cur is not self.tree.root:
+        while cur is not self.tree.root_node:
             if cur.swa_lock <= 0:
                 raise RuntimeError(f"unbalanced SWA lock release at {cur}")
             if cur.swa_lock == 1 and cur.swa is not None:
@@ -300,8 +301,8 @@ class SWAComponent(TreeComponent):
                 self.protected -= len(cur.swa)
             cur.swa_lock -= 1
             if cur.swa_lock == 0:
-                self.tree._update_leaf(cur)
-                if early and cur in self.tree.leaves and cur.swa is not None:
+                self.tree._update_leaf_status(cur)
+                if early and self.tree.is_evictable_leaf(cur) and cur.swa is not None:
                     self._tombstone(cur, freed)
             if receipt.swa_uuid is not None and cur.swa_uuid == receipt.swa_uuid:
                 break
@@ -326,7 +327,7 @@ class SWAComponent(TreeComponent):
         node.swa = None
         self.pool.free_swa(self._pages(node.value))
         self.tree.version += 1
-        self.tree._update_leaf(node)
+        self.tree._update_leaf_status(node)
 
     def evict_component(self, amount: int, freed: list[int]) -> None:
         cursor = self.lru.lru_unlocked()
@@ -337,7 +338,7 @@ class SWAComponent(TreeComponent):
                 break
             x = cursor
             cursor = self.lru.prev_unlocked(x)
-            if x in self.tree.leaves:
+            if self.tree.is_evictable_leaf(x):
                 self.tree.delete_leaf(x, freed)
             else:
                 self._tombstone(x, freed)
