@@ -57,10 +57,10 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     "radix: match stops at the last whole node (drops the part of a split edge)": (
         "backends/radix/radix_cache.py",
         "        for child, n, diverged in self._walk(node, key, pos, end, now, stamp=False):\n"
-        "            assert child.value is not None",
+        "            node, pos = child, pos + n\n",
         "        for child, n, diverged in self._walk(node, key, pos, end, now, stamp=False):\n"
         "            if diverged:\n                break\n"
-        "            assert child.value is not None",
+        "            node, pos = child, pos + n\n",
     ),
     "radix: duplicates computed after re-pointing (frees slots still in use)": (
         "backends/radix/backend.py",

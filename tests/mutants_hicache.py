@@ -23,9 +23,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "loads = host if host > max(1, self.load_back_threshold) else 0",
     ),
     "hicache: selective counts every insert (not once per request)": (
-        "backends/radix/hicache_tree.py",
-        "            if pos > hit_from and self._inc_hit_count_and_check(child):",
-        "            if self._inc_hit_count_and_check(child):",
+        "backends/radix/radix_cache.py",
+        "                if pos > hit_from:\n                    self._count_hit(child)\n",
+        "                self._count_hit(child)\n",
     ),
     "hicache: a backed-up node is deleted at device eviction instead of kept host-only": (
         "backends/radix/hicache_tree.py",
@@ -69,10 +69,10 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "            m.best_node.host_lock_ref -= 1\n",
     ),
     "hicache: a match stops at the first host-only node": (
-        "backends/radix/hicache_tree.py",
-        "            if child.evicted:\n                assert child.host_value is not None",
-        "            if child.evicted:\n                break\n"
-        "                assert child.host_value is not None",
+        "backends/radix/radix_cache.py",
+        "            node, pos = child, pos + n\n            if child.value is not None:",
+        "            if child.value is None:\n                break\n"
+        "            node, pos = child, pos + n\n            if child.value is not None:",
     ),
     "hicache: host pool sized without the padding page": (
         "backends/radix/hicache_pool.py",
@@ -131,8 +131,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "",
     ),
     "hicache: an insert leaves the walked nodes' tails unread (tlru sees 0 after each)": (
-        "backends/radix/hicache_tree.py",
-        "            child.tail_tokens = len(key) - pos  # as RadixCache.insert (tlru reads it)\n",
-        "",
+        "backends/radix/radix_cache.py",
+        "                self._count_hit(child)\n            child.tail_tokens = end - pos\n",
+        "                self._count_hit(child)\n",
     ),
 }

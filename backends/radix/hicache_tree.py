@@ -32,16 +32,12 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
-import numpy as np
 from prefixcache.backends.radix.events import MEDIUM_HOST, RadixEventRecorder
 from prefixcache.backends.radix.hicache_pool import HostPool
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import (
-    EMPTY_SLOTS,
-    InsertParams,
     MatchResult,
     RadixCache,
-    TreeInsert,
 )
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 from sortedcontainers import SortedList
@@ -100,74 +96,24 @@ class HiRadixCache(RadixCache):
         self._host_index: SortedList | None = SortedList() if isinstance(self.policy, LRU) else None
         self._host_keys: dict[int, float] = {}  # node id -> its key in _host_index
 
-    # ------------------------------------------------------------------ match
-    def match_prefix(
-        self, key: RadixKey, along: TreeNode | None = None, indices_from: int = 0,
-        indices_to: int | None = None,
-    ) -> MatchResult:
-        """The device part of ``match_with_host`` (``along`` unused: the walk is the same), its
-        ``indices`` cut to tokens [indices_from, indices_to) as RadixCache's are."""
-        m = self.match_with_host(key).device
-        return m._replace(indices=m.indices[indices_from:indices_to])
-
+    # ------------------------------------------------------------------ match / insert
     def match_with_host(self, key: RadixKey) -> HiMatch:
-        """One walk: the device part, then the host-only tail (``_match_prefix_helper``)."""
-        key = key.page_aligned(self.page_size)
-        root = self.root_node
-        if len(key) == 0:
-            return HiMatch(MatchResult(0, EMPTY_SLOTS, root, 0, root), root, 0)
-        now = self.clock()
-        node = root
-        node.last_access_time = now
-        values: list[SlotArray] = []
-        device_len = host_len = pos = 0
-        last_device = node
-        for child, n, diverged in self._walk(node, key, pos, len(key), now):
-            if child.evicted:
-                assert child.host_value is not None, f"{child} is evicted and not backed up"
-                host_len += n
-            else:
-                assert host_len == 0, "a device node below a host-only one"
-                values.append(child.value)  # type: ignore[arg-type]
-                device_len += n
-                last_device = child
-            node, pos = child, pos + n
-            if diverged:
-                break
-        indices = np.concatenate(values) if values else EMPTY_SLOTS
-        return HiMatch(MatchResult(device_len, indices, last_device, device_len, last_device), node, host_len)
+        """``match_prefix``: the device part, then the host-only tail (``_match_prefix_helper``)."""
+        m = self.match_prefix(key)
+        return HiMatch(m, m.last_visited, m.full_hit - m.length)
 
-    # ------------------------------------------------------------------ insert
-    def insert_ending_at(
-        self, key: RadixKey, value: SlotArray | None = None, priority: int = 0, hit_from: int = 0,
-        along: TreeNode | None = None, value_from: int = 0, params: InsertParams | None = None,
-    ) -> TreeInsert:
-        """RadixCache.insert_ending_at with HiCache's rules (module docstring), walking from the
-        root (``along`` and ``params`` unused: no other component). Returns the length already
-        in the tree, host-only spans included (the caller keeps its slots there where the tree
-        adopted them: the tree's slots are the caller's own; ``_duplicates``), and the node the
-        key ends at."""
-        key, value, now = self._begin_insert(key, value, priority, value_from)  # no is_eagle here
-        node = self.root_node
-        pos = 0
-        for child, n, _ in self._walk(node, key, pos, len(key), now):
-            child.priority = max(child.priority, priority)
-            if child.evicted:
-                assert pos >= value_from, "a host-only node within the inserter's own prefix"
-                self._unevict(child, value[pos - value_from : pos - value_from + n])
-            pos += n
-            if pos > hit_from and self._inc_hit_count_and_check(child):
-                self.write_backup(child)
-            child.tail_tokens = len(key) - pos  # as RadixCache.insert (tlru reads it)
-            self._refresh(child)
-            node = child
-        if pos < len(key):
-            if pos < value_from:
-                raise ValueError(f"insert: tokens [{pos}, {value_from}) are not cached and have no slots")
-            node = self._add_leaf(node, key[pos:], value[pos - value_from :], now, priority)
-            if len(key) > hit_from and self._inc_hit_count_and_check(node):
-                self.write_backup(node)
-        return TreeInsert(pos, node, False)
+    def _count_hit(self, node: TreeNode) -> None:
+        if self._inc_hit_count_and_check(node):
+            self.write_backup(node)
+
+    def _new_leaf(
+        self, parent: TreeNode, key: RadixKey, value: SlotArray, now: float, priority: int, counted: bool
+    ) -> TreeNode:
+        """No policy ghost here; the hit counted as ``_count_hit`` counts, once the leaf is filed."""
+        leaf = self._add_leaf(parent, key, value, now, priority)
+        if counted:
+            self._count_hit(leaf)
+        return leaf
 
     def _inc_hit_count_and_check(self, node: TreeNode) -> bool:
         """0.5.23 ``_inc_hit_count_and_check``: no count on a host-only node nor under

@@ -51,11 +51,11 @@ def _part(value: SlotArray, end: int, start: int, stop: int) -> SlotArray:
 
 
 class MatchResult(NamedTuple):
-    length: int  # tokens matched (whole pages), up to ``last_node`` (device_prefix_len)
+    length: int  # tokens matched (whole pages) on device, up to ``last_node`` (device_prefix_len)
     indices: SlotArray  # their KV slots, in token order
-    last_node: TreeNode  # deepest node the component accepts (best_match_node; the root for none)
-    full_hit: int  # tokens whose full KV matched (full_kv_hit_length; ``length`` without a component)
-    last_visited: TreeNode  # the deepest node the walk reached
+    last_node: TreeNode  # deepest device node the component accepts (the root for none)
+    full_hit: int  # tokens whose full KV matched (full_kv_hit_length), on device or (HiCache) host
+    last_visited: TreeNode  # the deepest node the walk reached (HiCache: best_match_node)
 
 
 class TreeInsert(NamedTuple):
@@ -225,7 +225,8 @@ class RadixCache:
     ) -> MatchResult:
         """Longest cached whole-page prefix of ``key`` that the component accepts (its validator
         asked of each node walked). Splits a node where the match ends inside it, stamps the
-        path from the root to the hit's end; never locks, never counts a hit.
+        path from the root to the hit's end (HiCache: to the end of its host-only part, which
+        ``full_hit`` counts in); never locks, never counts a hit.
 
         along: a node the caller knows lies on ``key``'s path (its root-to-node tokens are a
         prefix of ``key``: a request's own locked node): the walk down to it follows parent
@@ -256,17 +257,17 @@ class RadixCache:
             node = along
         best, best_pos, kept = node, pos, len(values)
         for child, n, diverged in self._walk(node, key, pos, end, now, stamp=False):
-            assert child.value is not None
             node, pos = child, pos + n
-            if pos > indices_from and pos - n < stop:
-                values.append(_part(child.value, pos, indices_from, stop))
-            if accept is None or accept(child):
-                best, best_pos, kept = child, pos, len(values)
+            if child.value is not None:  # (None: HiCache's host-only tail, the rest of the path)
+                if pos > indices_from and pos - n < stop:
+                    values.append(_part(child.value, pos, indices_from, stop))
+                if accept is None or accept(child):
+                    best, best_pos, kept = child, pos, len(values)
             if diverged:
                 break
         if self.component is not None:
             self.component.refresh_lru(best)
-        self._stamp_path(best, now)
+        self._stamp_path(best if self.component is not None else node, now)
         chunks = values[:kept]
         indices = np.concatenate(chunks) if chunks else EMPTY_SLOTS
         return MatchResult(best_pos, indices, best, pos, node)
@@ -345,19 +346,22 @@ class RadixCache:
                 assert child.value is not None
                 pos += len(child.value)  # a slot per token of its key
                 if pos > hit_from:
-                    child.hit_count += 1
+                    self._count_hit(child)
                 child.tail_tokens = end - pos
                 self._refresh(child)
             assert pos <= end, "along: the node's path is longer than the key"
             node = along
         for child, n, _ in self._walk(node, key, pos, end, now):
             child.priority = max(child.priority, priority)
+            if child.value is None:  # HiCache: a host-only node takes the inserter's fresh KV
+                assert pos >= value_from, "a host-only node within the inserter's own prefix"
+                self._unevict(child, value[pos - value_from : pos - value_from + n])
             if component is not None:
                 assert params is not None
                 component.update_component_on_insert_overlap(child, pos, value[pos : pos + n], params)
             pos += n
             if pos > hit_from:
-                child.hit_count += 1
+                self._count_hit(child)
             child.tail_tokens = end - pos
             self._refresh(child)
             node = child
@@ -365,16 +369,31 @@ class RadixCache:
         if fresh:
             if pos < value_from:
                 raise ValueError(f"insert: tokens [{pos}, {value_from}) are not cached and have no slots")
-            def admitted(leaf: TreeNode) -> None:
-                leaf.hit_count = 1 if len(key) > hit_from else 0
-                if self.ghosts:
-                    admit(self.policy, leaf, self._content_id(leaf))
-
-            node = self._add_leaf(node, key[pos:], value[pos - value_from :], now, priority, admitted)
+            node = self._new_leaf(node, key[pos:], value[pos - value_from :], now, priority, end > hit_from)
         if component is None:
             return TreeInsert(pos, node, False)
         assert params is not None
         return TreeInsert(pos, node, component.commit_insert_component_data(node, pos, end, params, fresh))
+
+    def _count_hit(self, node: TreeNode) -> None:
+        """An insert passed ``node``, past what its request counted already."""
+        node.hit_count += 1
+
+    def _unevict(self, node: TreeNode, fresh: SlotArray) -> None:
+        """An insert passed a node holding no device KV: only HiCache's tree has such nodes."""
+        raise AssertionError(f"{node} is linked without its KV")
+
+    def _new_leaf(
+        self, parent: TreeNode, key: RadixKey, value: SlotArray, now: float, priority: int, counted: bool
+    ) -> TreeNode:
+        """An insert's new leaf, its hit counted if ``counted``, admitted by the policy's ghost."""
+
+        def admitted(leaf: TreeNode) -> None:
+            leaf.hit_count = int(counted)
+            if self.ghosts:
+                admit(self.policy, leaf, self._content_id(leaf))
+
+        return self._add_leaf(parent, key, value, now, priority, admitted)
 
     def _add_leaf(
         self, parent: TreeNode, key: RadixKey, value: SlotArray, now: float, priority: int,
