@@ -43,7 +43,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "zoo: radix never tells a policy of an evicted leaf (no ghost)": (
         "backends/radix/radix_cache.py",
-        "                forget(self.policy, leaf, content_id)\n",
+        "            forget(self.policy, leaf, content_id)\n",
         "",
     ),
     "zoo: hashchain stamps no tail on a freed block (tlru sees every block as excess)": (

@@ -29,8 +29,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     "hicache: a backed-up node is deleted at device eviction instead of kept host-only": (
         "backends/radix/hicache_tree.py",
-        "            elif leaf.backuped:\n                self._demote(leaf)",
-        "            elif False:\n                self._demote(leaf)",
+        "        elif leaf.backuped:\n            self._demote(leaf)",
+        "        elif False:\n            self._demote(leaf)",
     ),
     "hicache: the write-through lock is not held until the ack": (
         "backends/radix/hicache_tree.py",

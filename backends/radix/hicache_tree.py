@@ -42,7 +42,7 @@ from prefixcache.backends.radix.radix_cache import (
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 from sortedcontainers import SortedList
 
-from prefixcache.eviction import LRU, note_eviction
+from prefixcache.eviction import LRU
 
 
 class HiMatch(NamedTuple):
@@ -240,22 +240,17 @@ class HiRadixCache(RadixCache):
             and all(c.evicted for c in node.children.values())
         )
 
-    def evict(self, num_tokens: int) -> int:
-        """Free device slots of whole candidate nodes, policy order, until ``num_tokens``."""
-        evicted = 0
-        while evicted < num_tokens and self._leaves:
-            key, _, leaf = self._leaves[0]
-            assert leaf.value is not None
-            note_eviction(self.policy, key)
-            n = len(leaf.value)
-            if not leaf.backuped and self.is_write_back and self.write_backup(leaf, write_back=True) == 0:
-                self._drop_subtree(leaf)  # host full: dropped without a backup
-            elif leaf.backuped:
-                self._demote(leaf)
-            else:
-                self._drop_subtree(leaf)
-            evicted += n
-        return evicted
+    def _evict_leaf(self, leaf: TreeNode, freed: list[int], runs: list[SlotArray]) -> None:
+        """A backed-up victim is demoted to host-only, an unbacked one deleted (write_back: backed
+        up first, deleted if the host is full), its device slots freed at once."""
+        assert leaf.value is not None
+        freed[0] += len(leaf.value)
+        if not leaf.backuped and self.is_write_back and self.write_backup(leaf, write_back=True) == 0:
+            self._drop_subtree(leaf)  # host full: dropped without a backup
+        elif leaf.backuped:
+            self._demote(leaf)
+        else:
+            self._drop_subtree(leaf)
 
     def _demote(self, node: TreeNode) -> None:
         assert node.value is not None and node.backuped and node.lock_ref == 0

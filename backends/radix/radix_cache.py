@@ -647,16 +647,20 @@ class RadixCache:
                     self._split_node(leaf, len(leaf.key) - asked, leaf.last_access_time)
                     key = self._leaf_entry[leaf.id][0]
             note_eviction(self.policy, key)
-            if self.ghosts:
-                content_id = self._content_id(leaf)
-                forget(self.policy, leaf, content_id)
-                if self.learner is not None:  # the ghost walks on from the edge's own node
-                    self.learner.evicted(leaf, content_id, (leaf.id, len(leaf.key)))
-            assert leaf.value is not None
-            runs.append(leaf.value)
-            self._remove_leaf(leaf, freed)
+            self._evict_leaf(leaf, freed, runs)
         if runs:
             self.free_slots(runs)
+
+    def _evict_leaf(self, leaf: TreeNode, freed: list[int], runs: list[SlotArray]) -> None:
+        """The FULL phase's victim: deleted, its slots kept in ``runs`` for the phase's free."""
+        if self.ghosts:
+            content_id = self._content_id(leaf)
+            forget(self.policy, leaf, content_id)
+            if self.learner is not None:  # the ghost walks on from the edge's own node
+                self.learner.evicted(leaf, content_id, (leaf.id, len(leaf.key)))
+        assert leaf.value is not None
+        runs.append(leaf.value)
+        self._remove_leaf(leaf, freed)
 
     def delete_leaf(self, leaf: TreeNode, freed: list[int]) -> None:
         """Free an evictable leaf's KV, the component's and the full, and unlink it
