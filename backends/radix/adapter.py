@@ -8,10 +8,11 @@ paged allocator hands them out) while memory moves by whole pages; page 0 is res
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 from prefixcache.backends.radix.events import RadixEventRecorder
+from prefixcache.backends.radix.radix_cache import RadixCache
 from prefixcache.backends.radix.tree import SlotArray
 
 from prefixcache.interface import PrefixCache, ensure
@@ -45,10 +46,10 @@ S = TypeVar("S", bound=_LiveState)
 
 
 class RadixAdapter(PrefixCache[S]):
-    """The radix caches' common base: subclasses set ``tree`` (anything with a ``version``)."""
+    """The radix caches' common base: subclasses set ``tree``, the one tree of their mix."""
 
     name = "radix"
-    tree: Any
+    tree: RadixCache
     events: RadixEventRecorder | None = None  # the recorder the tree reports to (kv_events)
 
     @property
@@ -72,7 +73,7 @@ class RadixAdapter(PrefixCache[S]):
         return RadixEventRecorder(self.page_size) if kv_events else None
 
     def _index_version(self) -> int:
-        return self.tree.version  # type: ignore[no-any-return]
+        return self.tree.version
 
     def _page_table(self, req: Request, state: S) -> list[int]:
         return state.pages.tolist()

@@ -113,7 +113,6 @@ EVICTION_GRANULARITIES = ("leaf", "page")
 
 
 class RadixPrefixCache(RadixAdapter[_Live]):
-    tree: RadixCache
     page_granular = False  # eviction_granularity="page" (the HiCache subclass keeps SGLang's)
 
     def __init__(

@@ -31,7 +31,7 @@ from prefixcache.backends.radix.backend import request_key
 from prefixcache.backends.radix.components.mamba import MambaComponent, mamba_tree
 from prefixcache.backends.radix.mamba_marconi import marconi_order
 from prefixcache.backends.radix.mamba_pool import DEFAULT_MAMBA_FULL_MEMORY_RATIO, mamba_pool_sizes
-from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt, RadixCache
+from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.config import CacheConfig
@@ -92,7 +92,6 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
     min-max normalised over the candidates, lowest evicted first).
     """
 
-    tree: RadixCache
     mamba: MambaComponent  # the tree's MAMBA component
 
     def __init__(

@@ -38,7 +38,7 @@ import numpy as np
 from prefixcache.backends.radix.adapter import RadixAdapter
 from prefixcache.backends.radix.backend import request_key
 from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
-from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt, RadixCache
+from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt
 from prefixcache.backends.radix.swa_pool import (
     DEFAULT_SWA_FULL_TOKENS_RATIO,
     SWAPagePool,
@@ -77,7 +77,6 @@ class _SWALive:
 
 
 class SWARadixPrefixCache(RadixAdapter[_SWALive]):
-    tree: RadixCache
     swa: SWAComponent  # the tree's SWA component
 
     def __init__(
