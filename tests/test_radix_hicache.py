@@ -432,3 +432,21 @@ def test_tlru_evicts_from_the_device_as_the_dense_tree_does(
 
     assert device_order(None) == order
     assert device_order(HostTierConfig(write_policy="write_through", ratio=4.0)) == order
+
+
+@pytest.mark.parametrize("host_tier", [None, HostTierConfig(write_policy="write_through", ratio=4.0)])
+def test_a_checkpoint_sets_the_tail_of_nodes_another_request_cached(host_tier: HostTierConfig | None) -> None:
+    """tlru reads ``tail_tokens``. A checkpoint that walks past its own locked path, over a node
+    another request cached after it was admitted, sets that node's tail (the tokens its key
+    holds after it), with or without a host tier."""
+    options = {} if host_tier is None else {"host_tier": host_tier}
+    cache = make_cache("radix", CacheConfig(96, 1), eviction_policy="tlru", **options)
+    a, b = Request("a", list(range(1, 11))), Request("b", [*range(1, 11), 50, 51, 52, 53])
+    for req in (a, b):  # both admitted before either is cached: b's lock stays at the root
+        assert cache.allocate(req, req.num_tokens, cache.lookup(req))
+    for req in (a, b):
+        req.num_computed_tokens = req.num_tokens
+        cache.commit(req)
+        cache.check_invariants()
+    shared = next(n for n in cache.tree.iter_nodes() if n.key.tolist()[0] == 1)
+    assert len(shared.key) == 10 and shared.tail_tokens == 4
