@@ -35,7 +35,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "    return request.num_tokens\n",
     ),
     "radix: a key extended by output tokens skips the first of them": (
-        "backends/radix/backend.py",
+        "backends/radix/key.py",
         "        new = req.output_token_ids[len(known) - req.num_prompt_tokens :]\n",
         "        new = req.output_token_ids[len(known) - req.num_prompt_tokens + 1 :]\n",
     ),
@@ -45,7 +45,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "            while depth - len(above.key) > prompt:\n",
     ),
     "radix: no n-1 cap": (
-        "backends/radix/backend.py",
+        "backends/radix/adapter.py",
         "m = self.tree.match_prefix(key[: req.num_tokens - 1])",
         "m = self.tree.match_prefix(key)",
     ),
@@ -147,7 +147,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        return sum(self._pin(node) for node in below[1:])\n",
     ),
     "radix: salt not in the namespace": (
-        "backends/radix/backend.py",
+        "backends/radix/key.py",
         "return None if req.namespace == (None, None) else req.namespace",
         "return None if req.lora_name is None else req.lora_name",
     ),

@@ -91,7 +91,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # Marconi checkpoints one token before the junction.
     "mamba radix: Marconi junction off by one": (
         _BACKEND,
-        "            junction = m.full_length  # a branch point",
-        "            junction = m.full_length - 1  # a branch point",
+        "            junction = m.full_hit  # a branch point",
+        "            junction = m.full_hit - 1  # a branch point",
     ),
 }

@@ -107,7 +107,7 @@ def test_hit_is_cut_back_to_the_deepest_checkpoint() -> None:
     _run(cache, "a", [1, 2, 3, 4, 5, 6, 7, 8], [3, 5])
     b = Request("b", [1, 2, 3, 4, 5, 6, 9, 9])
     m = cache.lookup(b)
-    assert (m.tokens, m.full_length) == (3, 6)  # type: ignore[attr-defined]
+    assert (m.tokens, m.full_hit) == (3, 6)  # type: ignore[attr-defined]
     assert cache.allocate(b, 5, m) and b.num_computed_tokens == 3
     assert cache.cow_source(b) == dict((d, s) for d, s in cache.state_slots())[3]
 
@@ -122,7 +122,7 @@ def test_state_eviction_tombstones_internal_nodes_and_deletes_leaves() -> None:
     assert cache.evict_states(2) == 2 and cache.state_slots() == []
     assert cache.usage().evictable == 6
     m = cache.lookup(Request("c", [1, 2, 3, 4, 5, 6, 7]))
-    assert (m.tokens, m.full_length) == (0, 6)  # type: ignore[attr-defined]
+    assert (m.tokens, m.full_hit) == (0, 6)  # type: ignore[attr-defined]
 
 
 def test_split_leaves_the_upper_part_without_a_state() -> None:
@@ -217,7 +217,7 @@ def _hit_is_a_fresh_lookups(cache: MambaRadixPrefixCache, req: Request) -> None:
         assert (hit, src) in cache.state_slots(), f"hit {hit}: slot {src} is not a state of that depth"
     now = cache.lookup(Request("twin", req.all_token_ids))
     assert hit == now.tokens, f"hit {hit}, a lookup now finds {now.tokens}"
-    assert cache.page_tables(req)[0][:hit] == cache.tree.path_indices(now.node).tolist()  # type: ignore[attr-defined]
+    assert cache.page_tables(req)[0][:hit] == cache.tree.path_indices(now.last_node).tolist()  # type: ignore[attr-defined]
 
 
 MARCONI = {"mamba_admission": "marconi", "eviction_policy": "marconi"}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from prefixcache.backends.radix import RadixKey, request_key
-from prefixcache.backends.radix.backend import MM_VALUE_BASE
+from prefixcache.backends.radix.key import MM_VALUE_BASE
 
 from prefixcache import CacheConfig, Request, make_cache
 from prefixcache.pool import PagePool

@@ -4,8 +4,8 @@ component (mamba_backend.py), as 0.5.23's ``mem_cache/registry.py`` picks them."
 
 from typing import Any
 
-from prefixcache.backends.radix.backend import RadixPrefixCache, extra_key, mm_values, request_key
-from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.backend import RadixPrefixCache
+from prefixcache.backends.radix.key import RadixKey, extra_key, mm_values, request_key
 from prefixcache.backends.radix.radix_cache import MatchResult, RadixCache
 from prefixcache.backends.radix.swa_backend import SWARadixPrefixCache
 from prefixcache.backends.radix.tree import TreeNode

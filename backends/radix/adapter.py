@@ -8,14 +8,16 @@ paged allocator hands them out) while memory moves by whole pages; page 0 is res
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import numpy as np
 from prefixcache.backends.radix.events import RadixEventRecorder
+from prefixcache.backends.radix.key import RadixKey, request_key
 from prefixcache.backends.radix.radix_cache import RadixCache
-from prefixcache.backends.radix.tree import SlotArray
+from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
-from prefixcache.interface import PrefixCache, ensure
+from prefixcache.interface import Match, PrefixCache, ensure
 from prefixcache.kv_event_sink import KVEventSink
 from prefixcache.pool import PageIds, PageTable
 from prefixcache.request import Request
@@ -35,6 +37,16 @@ def slot_pages(slots: SlotArray, page_size: int) -> PageIds:
     if page_size == 1:
         return slots
     return slots[::page_size] // page_size  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TreeMatch(Match):
+    """``match_prefix``'s result for one request (SGLang keeps it on the ``Req``)."""
+
+    indices: SlotArray  # KV slots of the matched tokens, in token order
+    last_node: TreeNode  # deepest node of the hit (the root for none)
+    key: RadixKey | None = None  # request_key(request), which the admitted request keeps
+    full_hit: int = 0  # full_kv_hit_length: tokens whose full KV matched, past a component's rule
 
 
 class _LiveState(Protocol):
@@ -74,6 +86,20 @@ class RadixAdapter(PrefixCache[S]):
 
     def _index_version(self) -> int:
         return self.tree.version
+
+    def _match(self, req: Request) -> TreeMatch:
+        """``match_prefix`` of all its tokens but the last (the model computes that one)."""
+        key = request_key(req)
+        m = self.tree.match_prefix(key[: req.num_tokens - 1])
+        return TreeMatch(
+            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, key, m.full_hit
+        )
+
+    def _revalidate(self, match: Match) -> TreeMatch:
+        """Look the request up again (SGLang's scheduler re-matches every waiting request each
+        round): a tombstone, a demoted node or a state gone can break the old hit anywhere on
+        its path, so what still holds is what a fresh match finds."""
+        return self._match(match.request)
 
     def _page_table(self, req: Request, state: S) -> list[int]:
         return state.pages.tolist()

@@ -23,15 +23,14 @@ Slot 0 (page 0) is reserved, as SGLang's padding slot.
 
 from __future__ import annotations
 
-import hashlib
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-from prefixcache.backends.radix.adapter import RadixAdapter
-from prefixcache.backends.radix.key import RadixKey, TokenArray
+from prefixcache.backends.radix.adapter import RadixAdapter, TreeMatch
+from prefixcache.backends.radix.key import RadixKey, request_key
 from prefixcache.backends.radix.radix_cache import EMPTY_SLOTS, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
@@ -39,60 +38,6 @@ from prefixcache.config import CacheConfig
 from prefixcache.interface import LiveRequest, Match, PageUsage, ensure
 from prefixcache.pool import PageIds, PagePool, PageTable
 from prefixcache.request import Request
-
-# Multimodal placeholder tokens are replaced by values from here up, which no real token id
-# reaches (SGLang likewise swaps an image's pad tokens for values derived from its hash).
-MM_VALUE_BASE = 1 << 40
-_MM_VALUE_SPAN = 1 << 61  # MM_VALUE_BASE + _MM_VALUE_SPAN < 2**63: fits int64
-
-
-def extra_key(req: Request) -> Hashable | None:
-    """SGLang's extra_key: the request's namespace (LoRA, salt), None when it has neither."""
-    return None if req.namespace == (None, None) else req.namespace
-
-
-def mm_values(identifier: str, length: int) -> TokenArray:
-    """Key values for a multimodal span: one per position, from (identifier, position)."""
-    h = int.from_bytes(hashlib.blake2b(identifier.encode(), digest_size=8).digest(), "little")
-    return MM_VALUE_BASE + (h + np.arange(length, dtype=np.uint64)) % _MM_VALUE_SPAN  # type: ignore[no-any-return]
-
-
-def _token_array(token_ids: object, req: Request) -> TokenArray:
-    arr = np.asarray(token_ids, dtype=np.int64)
-    if len(arr) and int(arr.max()) >= MM_VALUE_BASE:
-        raise ValueError(f"token ids of {req.request_id!r} must be < 2**40 (multimodal values live above)")
-    return arr
-
-
-def request_key(req: Request, known: RadixKey | None = None) -> RadixKey:
-    """RadixKey of all of ``req``'s tokens (multimodal spans substituted), in its namespace.
-
-    Built from the request's int64 prompt array (kept on the request) and its output tokens.
-    known: a key this function built of the request's first tokens (its whole prompt at
-    least; tokens only grow): only the tokens after it are read and checked.
-    """
-    if known is not None and len(known) >= req.num_prompt_tokens:
-        new = req.output_token_ids[len(known) - req.num_prompt_tokens :]
-        if not new:
-            return known
-        return RadixKey(np.concatenate([known.token_ids, _token_array(new, req)]), known.extra_key)
-    arr = _token_array(req.prompt_array, req)
-    if req.mm_hashes:
-        arr = arr.copy()  # the request's prompt array is read-only and stays unsubstituted
-    for span in req.mm_hashes:
-        arr[span.offset : span.offset + span.length] = mm_values(span.identifier, span.length)
-    if req.num_output_tokens:
-        arr = np.concatenate([arr, _token_array(req.output_token_ids, req)])
-    return RadixKey(arr, extra_key(req))
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class TreeMatch(Match):
-    """``match_prefix``'s result for one request (SGLang keeps it on the ``Req``)."""
-
-    indices: SlotArray  # KV slots of the matched tokens, in token order
-    last_node: TreeNode  # deepest node of the match (the root for none)
-    key: RadixKey | None = None  # request_key(request), which the admitted request keeps
 
 
 @dataclass(slots=True)
@@ -195,11 +140,6 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         return demand_tokens - self.pool.num_free * self.page_size
 
     # ------------------------------------------------------------------ hooks
-    def _match(self, req: Request) -> TreeMatch:
-        key = request_key(req)
-        m = self.tree.match_prefix(key[: req.num_tokens - 1])
-        return TreeMatch(self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, key)
-
     def _revalidate(self, match: Match) -> TreeMatch:
         """Eviction takes leaves first, so the deepest node of the match that still holds its
         KV ends the part of the match that still holds; a reset leaves none. Added nodes do

@@ -35,11 +35,13 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-from prefixcache.backends.radix.backend import RadixPrefixCache, TreeMatch, _Live, request_key
+from prefixcache.backends.radix.adapter import TreeMatch
+from prefixcache.backends.radix.backend import RadixPrefixCache, _Live
 from prefixcache.backends.radix.hicache_pool import HostPool, host_pool_tokens
 from prefixcache.backends.radix.hicache_storage import HiCacheStorage, storage_from_config
 from prefixcache.backends.radix.hicache_tier import HiCacheTier
 from prefixcache.backends.radix.hicache_tree import HiRadixCache
+from prefixcache.backends.radix.key import request_key
 from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache.config import CacheConfig
@@ -156,9 +158,8 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             pending=pending,
         )
 
-    def _revalidate(self, match: Match) -> HiTreeMatch:
-        """The tree changed since: a device node may be host-only now, a host copy gone.
-        Match again (the walk finds exactly what holds now)."""
+    def _revalidate(self, match: Match) -> TreeMatch:
+        """The tree changed since: a device node may be host-only now, a host copy gone."""
         return self._match(match.request)
 
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _Live | None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prefixcache.backends.radix.backend import request_key
 from prefixcache.backends.radix.hicache_storage import HiCacheStorage
 from prefixcache.backends.radix.hicache_tree import HiRadixCache
+from prefixcache.backends.radix.key import request_key
 
 from prefixcache.interface import PageUsage, ensure
 from prefixcache.request import Request

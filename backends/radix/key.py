@@ -10,14 +10,19 @@ i + 1 as well, so SGLang keys its tree by bigrams (t[i], t[i+1]). A bigram key k
 tokens (N + 1 for N bigrams) and measures everything in bigrams: its length, slices (bigrams
 [a, b) span raw tokens [a, b + 1), so neighbouring slices share one boundary token), matches,
 child keys and page alignment; the KV slot of bigram i is the slot of token i.
+
+``request_key``: a request's key, its multimodal spans replaced by values no token id reaches.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Hashable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+from prefixcache.request import Request
 
 TokenArray = npt.NDArray[np.int64]
 SlotArray = npt.NDArray[np.int64]
@@ -173,3 +178,49 @@ def _view(token_ids: TokenArray, extra_key: Hashable | None) -> RadixKey:
     key = object.__new__(RadixKey)
     key.token_ids, key.extra_key, key.is_bigram = token_ids, extra_key, False
     return key
+
+
+# Multimodal placeholder tokens are replaced by values from here up, which no real token id
+# reaches (SGLang likewise swaps an image's pad tokens for values derived from its hash).
+MM_VALUE_BASE = 1 << 40
+_MM_VALUE_SPAN = 1 << 61  # MM_VALUE_BASE + _MM_VALUE_SPAN < 2**63: fits int64
+
+
+def extra_key(req: Request) -> Hashable | None:
+    """SGLang's extra_key: the request's namespace (LoRA, salt), None when it has neither."""
+    return None if req.namespace == (None, None) else req.namespace
+
+
+def mm_values(identifier: str, length: int) -> TokenArray:
+    """Key values for a multimodal span: one per position, from (identifier, position)."""
+    h = int.from_bytes(hashlib.blake2b(identifier.encode(), digest_size=8).digest(), "little")
+    return MM_VALUE_BASE + (h + np.arange(length, dtype=np.uint64)) % _MM_VALUE_SPAN  # type: ignore[return-value]
+
+
+def _token_array(token_ids: object, req: Request) -> TokenArray:
+    arr = np.asarray(token_ids, dtype=np.int64)
+    if len(arr) and int(arr.max()) >= MM_VALUE_BASE:
+        raise ValueError(f"token ids of {req.request_id!r} must be < 2**40 (multimodal values live above)")
+    return arr
+
+
+def request_key(req: Request, known: RadixKey | None = None) -> RadixKey:
+    """RadixKey of all of ``req``'s tokens (multimodal spans substituted), in its namespace.
+
+    Built from the request's int64 prompt array (kept on the request) and its output tokens.
+    known: a key this function built of the request's first tokens (its whole prompt at
+    least; tokens only grow): only the tokens after it are read and checked.
+    """
+    if known is not None and len(known) >= req.num_prompt_tokens:
+        new = req.output_token_ids[len(known) - req.num_prompt_tokens :]
+        if not new:
+            return known
+        return RadixKey(np.concatenate([known.token_ids, _token_array(new, req)]), known.extra_key)
+    arr = _token_array(req.prompt_array, req)
+    if req.mm_hashes:
+        arr = arr.copy()  # the request's prompt array is read-only and stays unsubstituted
+    for span in req.mm_hashes:
+        arr[span.offset : span.offset + span.length] = mm_values(span.identifier, span.length)
+    if req.num_output_tokens:
+        arr = np.concatenate([arr, _token_array(req.output_token_ids, req)])
+    return RadixKey(arr, extra_key(req))

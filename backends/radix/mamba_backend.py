@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-from prefixcache.backends.radix.adapter import RadixAdapter
-from prefixcache.backends.radix.backend import request_key
+from prefixcache.backends.radix.adapter import RadixAdapter, TreeMatch
 from prefixcache.backends.radix.components.mamba import MambaComponent, mamba_tree
+from prefixcache.backends.radix.key import request_key
 from prefixcache.backends.radix.mamba_marconi import marconi_order
 from prefixcache.backends.radix.mamba_pool import DEFAULT_MAMBA_FULL_MEMORY_RATIO, mamba_pool_sizes
 from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt
@@ -42,13 +42,6 @@ from prefixcache.request import Request
 
 ADMISSIONS = ("sglang", "marconi")
 EVICTIONS = ("lru", "marconi")
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class MambaTreeMatch(Match):
-    indices: SlotArray  # KV slots of the hit, in token order
-    node: TreeNode  # deepest node holding a state on the path (the root for none)
-    full_length: int  # what the full KV alone would match: the shared-prefix junction
 
 
 @dataclass(slots=True)
@@ -240,19 +233,9 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         return slots
 
     # ------------------------------------------------------------------ hooks
-    def _match(self, req: Request) -> MambaTreeMatch:
-        m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
-        return MambaTreeMatch(
-            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, m.full_hit
-        )
-
-    def _revalidate(self, match: Match) -> MambaTreeMatch:
-        """Match again: SGLang's scheduler re-matches every waiting request each round."""
-        return self._match(match.request)
-
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _Live | None:
-        m = cast(MambaTreeMatch, match)
-        lock = self.tree.lock(m.node)  # first: making room cannot evict our hit
+        m = cast(TreeMatch, match)  # last_node: the deepest node holding a state (the root for none)
+        lock = self.tree.lock(m.last_node)  # first: making room cannot evict our hit
         if self.states.num_free == 0 and self.mamba.evictable == 0:
             self.tree.unlock(lock)
             return None
@@ -265,10 +248,10 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         slots = self._take_kv(num_new_tokens)
         assert slots is not None
         junction = 0
-        if self.mamba_admission == "marconi" and m.tokens < m.full_length < req.num_tokens:
-            junction = m.full_length  # a branch point with no state yet: checkpoint it
+        if self.mamba_admission == "marconi" and m.tokens < m.full_hit < req.num_tokens:
+            junction = m.full_hit  # a branch point with no state yet: checkpoint it
         pages = PageTable(np.concatenate([m.indices, slots]))
-        return _Live(pages, m.tokens, lock, state, m.node.mamba or 0, junction, req.num_tokens)
+        return _Live(pages, m.tokens, lock, state, m.last_node.mamba or 0, junction, req.num_tokens)
 
     def _extend(self, req: Request, state: _Live, total_tokens: int) -> bool:
         live = state

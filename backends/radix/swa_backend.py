@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-from prefixcache.backends.radix.adapter import RadixAdapter
-from prefixcache.backends.radix.backend import request_key
+from prefixcache.backends.radix.adapter import RadixAdapter, TreeMatch
 from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
+from prefixcache.backends.radix.key import request_key
 from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt
 from prefixcache.backends.radix.swa_pool import (
     DEFAULT_SWA_FULL_TOKENS_RATIO,
@@ -45,7 +45,6 @@ from prefixcache.backends.radix.swa_pool import (
     swa_pool_sizes,
     swa_window,
 )
-from prefixcache.backends.radix.tree import SlotArray, TreeNode
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import KVGroup, LiveRequest, Match, PageUsage, ensure
@@ -54,13 +53,6 @@ from prefixcache.pool import PageIds, PageTable
 from prefixcache.request import Request
 
 DEFAULT_SWA_EVICTION_INTERVAL = 128  # SGLANG_SWA_EVICTION_INTERVAL
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class SWATreeMatch(Match):
-    indices: SlotArray  # full-pool slots of the matched tokens
-    last_node: TreeNode
-    full_hit: int  # full_kv_hit_length: tokens whose full KV matched, past the window rule
 
 
 @dataclass(slots=True)
@@ -201,20 +193,9 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         live.swa_evicted = max(lo, hi)
 
     # ------------------------------------------------------------------ hooks
-    def _match(self, req: Request) -> SWATreeMatch:
-        m = self.tree.match_prefix(request_key(req)[: req.num_tokens - 1])
-        return SWATreeMatch(
-            self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, m.full_hit
-        )
-
-    def _revalidate(self, match: Match) -> SWATreeMatch:
-        """Ours: look the request up again. A tombstone can break the window rule anywhere on
-        the old path, so what still holds is what a fresh match finds."""
-        return self._match(match.request)
-
     def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _SWALive | None:
         self.pool.end_group()  # the scheduler allocates after the last batch's group closed
-        m = cast(SWATreeMatch, match)
+        m = cast(TreeMatch, match)
         total = m.tokens + num_new_tokens
         receipt = self.tree.lock(m.last_node)  # first, so making room cannot evict the hit
         need = -(-total // self.page_size) - m.tokens // self.page_size
