@@ -8,6 +8,7 @@ paged allocator hands them out) while memory moves by whole pages; page 0 is res
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -52,6 +53,7 @@ class TreeMatch(Match):
 class _LiveState(Protocol):
     pages: PageTable  # [0, protected) the tree's pages, then the request's own
     protected: int  # cache_protected_len: leading tokens whose pages belong to the tree
+    decoding: bool  # its last allocation was a decode step
 
 
 S = TypeVar("S", bound=_LiveState)
@@ -94,6 +96,22 @@ class RadixAdapter(PrefixCache[S]):
         return TreeMatch(
             self, req, req.num_tokens, m.length, self.tree.version, m.indices, m.last_node, key, m.full_hit
         )
+
+    def _commit(self, req: Request, state: S) -> None:
+        """SGLang checkpoints after each extend (prefill chunk), not after a decode step:
+        output tokens reach the tree at release."""
+        if self.tree.disable or state.decoding or req.num_computed_tokens == 0:
+            return
+        self._checkpoint(req, state)
+
+    @abstractmethod
+    def _checkpoint(self, req: Request, state: S) -> None:
+        """``checkpoint_into_tree(req, up_to=num_computed_tokens)``: the mix's rules."""
+
+    def _evict(self, num_tokens: int) -> int:
+        freed = self.tree.evict(num_tokens)
+        self.stats.evicted_tokens += freed
+        return freed
 
     def _revalidate(self, match: Match) -> TreeMatch:
         """Look the request up again (SGLang's scheduler re-matches every waiting request each

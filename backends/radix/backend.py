@@ -353,14 +353,6 @@ class RadixPrefixCache(RadixAdapter[_Live]):
             if not live.state.decoding:
                 self._commit(live.request, live.state)
 
-    def _commit(self, req: Request, state: _Live) -> None:
-        """SGLang checkpoints after each extend (prefill chunk), not after a decode step:
-        output tokens reach the tree at release."""
-        live = state
-        if self.tree.disable or live.decoding or req.num_computed_tokens == 0:
-            return
-        self._checkpoint(req, live)
-
     def _release(self, req: Request, state: _Live) -> None:
         """SGLang's ``release_kv_cache(req, tree, checkpoint=True)`` (common.py): checkpoint the
         computed tokens, free the row's unshared computed part (the unaligned last page), unlock,
@@ -377,11 +369,6 @@ class RadixPrefixCache(RadixAdapter[_Live]):
         self.pool.free(live.pages[live.protected // p : written])
         self.tree.dec_lock_ref(live.last_node)
         self.pool.free(live.pages[written:])
-
-    def _evict(self, num_tokens: int) -> int:
-        freed = self.tree.evict(num_tokens)
-        self.stats.evicted_tokens += freed
-        return freed
 
     def _reset(self) -> None:
         # no request is live: every page returns

@@ -280,7 +280,8 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
             live.lock, live.protected = self.tree.lock(res.node), length
         return mamba is not None and not res.exist
 
-    def _checkpoint_unfinished(self, req: Request, live: _Live) -> None:
+    def _checkpoint(self, req: Request, live: _Live) -> None:
+        """An unfinished request's (a release inserts with its own state: ``_release``)."""
         computed = req.num_computed_tokens
         if self.mamba_admission == "marconi":
             if live.junction and live.junction <= computed:
@@ -298,11 +299,6 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         if not self._insert(req, live, computed, slot):
             self._free_state(slot)  # cleanup_after_caching_req: the tree kept its own
 
-    def _commit(self, req: Request, state: _Live) -> None:
-        if state.decoding or req.num_computed_tokens == 0:
-            return
-        self._checkpoint_unfinished(req, state)
-
     def _release(self, req: Request, state: _Live) -> None:
         live = state
         computed = req.num_computed_tokens
@@ -314,11 +310,6 @@ class MambaRadixPrefixCache(RadixAdapter[_Live]):
         self.kv.free(live.pages[live.protected : computed])
         self.tree.unlock(live.lock)
         self.kv.free(live.pages[computed:])
-
-    def _evict(self, num_tokens: int) -> int:
-        freed = self.tree.evict(num_tokens)
-        self.stats.evicted_tokens += freed
-        return freed
 
     def evict_states(self, num_states: int) -> int:
         """SGLang's evict(mamba_num=...): drop at least ``num_states`` unlocked states (fewer

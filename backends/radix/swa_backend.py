@@ -233,7 +233,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         live.decoding = decoding
         return True
 
-    def _checkpoint(self, req: Request, live: _SWALive, finished: bool) -> None:
+    def _checkpoint(self, req: Request, live: _SWALive, finished: bool = False) -> None:
         """``checkpoint_into_tree(req, up_to=num_computed_tokens)``."""
         p = self.page_size
         computed = req.num_computed_tokens
@@ -280,11 +280,6 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
         for live in grouped:
             self._commit(live.request, live.state)
 
-    def _commit(self, req: Request, state: _SWALive) -> None:
-        if state.decoding or req.num_computed_tokens == 0:
-            return
-        self._checkpoint(req, state, finished=False)
-
     def _release(self, req: Request, state: _SWALive) -> None:
         live = state
         p = self.page_size
@@ -302,9 +297,7 @@ class SWARadixPrefixCache(RadixAdapter[_SWALive]):
 
     def _evict(self, num_tokens: int) -> int:
         self.pool.end_group()
-        freed = self.tree.evict(num_tokens)
-        self.stats.evicted_tokens += freed
-        return freed
+        return super()._evict(num_tokens)
 
     def evict_swa(self, num_tokens: int) -> int:
         """Drop unlocked SWA KV of at least ``num_tokens`` tokens (SGLang's
