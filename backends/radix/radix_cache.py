@@ -179,7 +179,6 @@ class RadixCache:
         self.component, self.order = component, order
         if component is not None:
             component.tree = self
-        self.now = 0.0  # the current walk's clock reading (a component stamps with it)
         # Ours: changes whenever a match could find something else (a leaf added, a leaf
         # evicted, a reset), so a match taken earlier knows whether it still holds. Splits
         # change no match and do not count.
@@ -238,7 +237,7 @@ class RadixCache:
         key = key.page_aligned(self.page_size)
         if self.disable or len(key) == 0:
             return MatchResult(0, EMPTY_SLOTS, self.root_node, 0, self.root_node)
-        self.now = now = self.clock()
+        now = self.clock()
         accept = None if self.component is None else self.component.create_match_validator()
         node = self.root_node
         values: list[SlotArray] = []
@@ -294,7 +293,7 @@ class RadixCache:
             raise ValueError(
                 f"insert of {len(key)} tokens with only {len(value)} slot indices from token {value_from}"
             )
-        self.now = now = self.clock()
+        now = self.clock()
         root = self.root_node
         root.last_access_time = now
         root.priority = max(root.priority, priority)
@@ -624,9 +623,9 @@ class RadixCache:
         freed. Returns (full tokens, component units) freed. (SGLang's ``evict_for_alloc`` stops
         each phase once its pool gained the shortfall: the same stop, as a pool gains exactly
         what is freed.)"""
-        freed = [0, 0]
         if self.disable:
             return 0, 0
+        freed = [0, 0]
         if full_tokens > 0:
             self._evict_full(full_tokens, freed)
         if self.component is not None and component > 0 and freed[1] < component:
@@ -701,8 +700,9 @@ class RadixCache:
     def _is_evictable_leaf(self, node: TreeNode) -> bool:
         return not node.evicted and node.lock_ref == 0 and not node.children and node is not self.root_node
 
-    def is_evictable_leaf(self, node: TreeNode) -> bool:
-        """Whether ``node`` is a candidate of the FULL phase (filed in the leaf index)."""
+    def in_leaf_index(self, node: TreeNode) -> bool:
+        """Whether ``node`` is a candidate of the FULL phase now (filed in the leaf index, as
+        ``_is_evictable_leaf`` says it must be after every change)."""
         return node.id in self._leaf_entry
 
     def _update_leaf_status(self, node: TreeNode) -> None:

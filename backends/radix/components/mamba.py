@@ -145,7 +145,7 @@ class MambaComponent(TreeComponent):
                 break
             if node.id not in self.lru or node.mamba_lock:
                 continue
-            if self.tree.is_evictable_leaf(node):
+            if self.tree.in_leaf_index(node):
                 self.tree.delete_leaf(node, freed)
             else:
                 self._drop_state(node)  # internal (or full-locked): tombstone

@@ -240,7 +240,8 @@ class SWAComponent(TreeComponent):
         if live_start >= end:
             return None
         if live_start > start:
-            self.tree._split_node(node, live_start - start, self.tree.now)  # ``node`` keeps the upper part
+            # stamped as this walk stamped ``node``, which keeps the part from live_start on
+            self.tree._split_node(node, live_start - start, node.last_access_time)
         return live_start
 
     def commit_insert_component_data(
@@ -254,7 +255,7 @@ class SWAComponent(TreeComponent):
             p = self.tree.page_size
             tail = -(-self.window // p) * p
             if node.swa_lock == 0 and len(node.key) > tail:
-                parent = self.tree._split_node(node, len(node.key) - tail, self.tree.now)
+                parent = self.tree._split_node(node, len(node.key) - tail, node.last_access_time)
             for part in (parent, node):
                 if part is not None:
                     assert part.value is not None
@@ -302,7 +303,7 @@ class SWAComponent(TreeComponent):
             cur.swa_lock -= 1
             if cur.swa_lock == 0:
                 self.tree._update_leaf_status(cur)
-                if early and self.tree.is_evictable_leaf(cur) and cur.swa is not None:
+                if early and self.tree.in_leaf_index(cur) and cur.swa is not None:
                     self._tombstone(cur, freed)
             if receipt.swa_uuid is not None and cur.swa_uuid == receipt.swa_uuid:
                 break
@@ -338,7 +339,7 @@ class SWAComponent(TreeComponent):
                 break
             x = cursor
             cursor = self.lru.prev_unlocked(x)
-            if self.tree.is_evictable_leaf(x):
+            if self.tree.in_leaf_index(x):
                 self.tree.delete_leaf(x, freed)
             else:
                 self._tombstone(x, freed)
