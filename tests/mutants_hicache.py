@@ -135,4 +135,9 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "                self._count_hit(child)\n            child.tail_tokens = end - pos\n",
         "                self._count_hit(child)\n",
     ),
+    "hicache: a match leaves the host-only tail it walked unstamped": (
+        "backends/radix/radix_cache.py",
+        "        self._stamp_path(best if self.component is not None else node, now)\n",
+        "        self._stamp_path(best, now)\n",
+    ),
 }

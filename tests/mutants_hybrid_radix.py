@@ -95,4 +95,10 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "        if is_eagle:\n            raise ValueError(",
         "        if False:\n            raise ValueError(",
     ),
+    # SGLang stamps a match's path up to its hit's end only; nodes walked past it keep theirs.
+    "radix swa: a match stamps the nodes walked past the window rule's hit": (
+        "backends/radix/radix_cache.py",
+        "        self._stamp_path(best if self.component is not None else node, now)\n",
+        "        self._stamp_path(node, now)\n",
+    ),
 }

@@ -8,11 +8,15 @@ from __future__ import annotations
 import itertools
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prefixcache.backends.radix import RadixPrefixCache
 from prefixcache.backends.radix.hicache_backend import HiCacheRadixPrefixCache
+from prefixcache.backends.radix.hicache_pool import HostPool
+from prefixcache.backends.radix.hicache_tree import HiRadixCache
+from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache import CacheConfig, Request, make_cache
@@ -450,3 +454,27 @@ def test_a_checkpoint_sets_the_tail_of_nodes_another_request_cached(host_tier: H
         cache.check_invariants()
     shared = next(n for n in cache.tree.iter_nodes() if n.key.tolist()[0] == 1)
     assert len(shared.key) == 10 and shared.tail_tokens == 4
+
+
+def test_a_match_stamps_the_host_only_tail_it_walks() -> None:
+    """A match stamps its path down to the deepest node it reaches, host-only ones included
+    (SGLang's best_match_node with HiCache on): a host tail just looked up is the most recently
+    used, so host eviction takes an older one first."""
+    tree = HiRadixCache(
+        1, host_pool=HostPool(16, 1), write_policy="write_through", clock=itertools.count().__next__
+    )
+    a, b = RadixKey([1, 2, 3, 4]), RadixKey([10, 11, 12, 13])
+    tree.insert(a, np.arange(1, 5))  # write_through: each backed up at its first hit ...
+    tree.insert(b, np.arange(5, 9))
+    tree.ack_writes()  # ... and unlocked at the ack
+    assert tree.evict(8) == 8  # a first (older), then b: both host-only now
+
+    def first(key: RadixKey) -> TreeNode:
+        return tree.root_node.children[key.child_key(1)]
+
+    assert first(a).evicted and first(b).evicted
+    m = tree.match_with_host(RadixKey([1, 2, 3, 4, 5]))
+    assert (m.device.length, m.host_hit_length, m.best_node) == (0, 4, first(a))
+    assert tree.evict_host(4) == 4  # b's copy goes: a's was stamped by the match
+    assert first(a).backuped and b.child_key(1) not in tree.root_node.children
+    tree.check()
