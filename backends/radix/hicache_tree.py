@@ -35,10 +35,7 @@ from typing import NamedTuple
 from prefixcache.backends.radix.events import MEDIUM_HOST, RadixEventRecorder
 from prefixcache.backends.radix.hicache_pool import HostPool
 from prefixcache.backends.radix.key import RadixKey
-from prefixcache.backends.radix.radix_cache import (
-    MatchResult,
-    RadixCache,
-)
+from prefixcache.backends.radix.radix_cache import MatchResult, RadixCache
 from prefixcache.backends.radix.tree import SlotArray, TreeNode
 from sortedcontainers import SortedList
 
