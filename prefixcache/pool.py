@@ -117,6 +117,11 @@ class PagePool:
         self._return_grouped()
         self._group = None
 
+    def end_group(self) -> None:
+        """End the open group, if any."""
+        if self._group is not None:
+            self.group_end()
+
     def _return_grouped(self) -> None:
         if self._group:
             held = np.concatenate(self._group)

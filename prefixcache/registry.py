@@ -22,8 +22,6 @@ _BACKENDS: dict[str, str] = {
 _BUILDS: dict[str, tuple[str, ...]] = {
     "radix": (
         "prefixcache.backends.radix:RadixPrefixCache",
-        "prefixcache.backends.radix:SWARadixPrefixCache",
-        "prefixcache.backends.radix.mamba_backend:MambaRadixPrefixCache",
         "prefixcache.backends.radix.hicache_backend:HiCacheRadixPrefixCache",
     ),
 }

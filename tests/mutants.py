@@ -45,7 +45,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "            while depth - len(above.key) > prompt:\n",
     ),
     "radix: no n-1 cap": (
-        "backends/radix/adapter.py",
+        "backends/radix/backend.py",
         "m = self.tree.match_prefix(key[: req.num_tokens - 1])",
         "m = self.tree.match_prefix(key)",
     ),

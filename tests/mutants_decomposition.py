@@ -27,8 +27,8 @@ MUTANTS = {
     ),
     "radix page granularity: evicting for SGLang's over-estimated demand": (
         "backends/radix/backend.py",
-        "        short = self._shortfall(num_pages * self.page_size if self.page_granular else demand_tokens)",  # noqa: E501
-        "        short = self._shortfall(demand_tokens)",
+        "        short = (num_pages * p if self.page_granular else demand) - self.pool.num_free * p",
+        "        short = demand - self.pool.num_free * p",
     ),
     "hashchain leaf-lru: the free queue kept (the switch a no-op)": (
         "backends/hashchain/eviction.py",

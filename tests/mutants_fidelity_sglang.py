@@ -16,15 +16,15 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # Case 5: a batch's checkpoints and the releases after it free call by call (each call's
     # pages prepended on their own at page > 1) instead of as one free group.
     "sglang fidelity: SWA frees of one group returned call by call": (
-        "backends/radix/swa_backend.py",
-        "        self.pool.group_begin()\n        for live in grouped:\n",
+        "backends/radix/backend.py",
+        "        cast(SWAPagePool, self.pool).group_begin()\n        for live in grouped:\n",
         "        for live in grouped:\n",
     ),
     # Case 6: check_invariants wants a Mamba lock on the root, which SGLang never locks.
     "sglang fidelity: Mamba check wants the root locked": (
-        "backends/radix/mamba_backend.py",
-        "live.lock.node is self.tree.root_node or live.lock.node.mamba_lock > 0",
-        "live.lock.node.mamba_lock > 0",
+        "backends/radix/components/mamba.py",
+        "            locked = node is self.tree.root_node or node.mamba_lock > 0\n",
+        "            locked = node.mamba_lock > 0\n",
     ),
     # A split's prefix node created fresh (RadixCache), not as old as its suffix
     # (UnifiedRadixCache._split_node): fifo and filo then evict in another order. The dense

@@ -12,7 +12,6 @@ SUITES = [
 ]
 
 _TREE = "backends/radix/components/mamba.py"
-_BACKEND = "backends/radix/mamba_backend.py"
 _POOL = "backends/radix/mamba_pool.py"
 
 MUTANTS: dict[str, tuple[str, str, str]] = {
@@ -22,10 +21,10 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
         "    def reset(self) -> None:\n        self.version = 1\n",
     ),
     "mamba: a reset builds the backend a new tree (its version starts over)": (
-        "backends/radix/mamba_backend.py",
-        "        self._new_pools()\n        self.tree.reset()\n",
-        "        self._new_pools()\n"
-        "        self.tree = mamba_tree(self._free_slots, self.mamba, self.tree.order, events=self.events)\n",
+        "backends/radix/backend.py",
+        "        self.pool = self._new_pools()\n        self.tree.reset()\n",
+        "        self.pool = self._new_pools()\n"
+        "        self.tree = self._new_tree(\"lru\", itertools.count().__next__, False)\n",
     ),
     # A hit ends at the deepest matched node, state or not: the recurrent state is off the
     # checkpoint (the match is not cut back to the deepest node holding a state).
@@ -72,15 +71,15 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     # No state copied at a prefill chunk end (SGLang's cache_unfinished_req stores one).
     "mamba radix: no state at chunk ends": (
-        _BACKEND,
-        "        if not self._insert(req, live, computed, slot):\n",
-        "        if not self._insert(req, live, computed, None):\n",
+        _TREE,
+        "        if slot and not self._insert(req, live, computed, slot, insert):\n",
+        "        if slot and not self._insert(req, live, computed, None, insert):\n",
     ),
     # The finish does not donate the request's state to the tree.
     "mamba radix: finish does not donate its state": (
-        _BACKEND,
-        "if computed and self._insert(req, live, computed, live.state):",
-        "if computed and self._insert(req, live, computed, None):",
+        _TREE,
+        "            if self._insert(req, live, computed, live.state, insert):",
+        "            if self._insert(req, live, computed, None, insert):",
     ),
     # The state pool gets the ratio of the whole budget, not r / (1 + r).
     "mamba radix: pool sizes ignore the 1 + r split": (
@@ -90,8 +89,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     ),
     # Marconi checkpoints one token before the junction.
     "mamba radix: Marconi junction off by one": (
-        _BACKEND,
-        "            junction = m.full_hit  # a branch point",
-        "            junction = m.full_hit - 1  # a branch point",
+        _TREE,
+        "            live.junction = full_hit  # a branch point",
+        "            live.junction = full_hit - 1  # a branch point",
     ),
 }

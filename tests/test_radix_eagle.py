@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prefixcache.backends.radix import RadixKey, RadixPrefixCache, SWARadixPrefixCache
+from prefixcache.backends.radix import RadixKey, RadixPrefixCache
 from prefixcache.experiments.upstream.ours import compare, replay_ours
 
 from prefixcache import CacheConfig, PrefixCache, Request, make_cache
@@ -118,7 +118,7 @@ def test_is_eagle_reaches_the_dense_and_the_swa_tree_and_is_off_by_default() -> 
     dense = make_cache("radix", CacheConfig(256, 4), is_eagle=True)
     swa = make_cache("radix", CacheConfig(256, 4, layout=GEMMA_LIKE), is_eagle=True)
     assert isinstance(dense, RadixPrefixCache) and dense.tree.is_eagle
-    assert isinstance(swa, SWARadixPrefixCache) and swa.tree.is_eagle
+    assert isinstance(swa, RadixPrefixCache) and swa.tree.is_eagle
     assert not make_cache("radix", CacheConfig(256, 4)).tree.is_eagle  # type: ignore[attr-defined]
     assert not make_cache("radix", CacheConfig(256, 4, layout=GEMMA_LIKE)).tree.is_eagle  # type: ignore[attr-defined]
 
@@ -129,10 +129,10 @@ def test_is_eagle_with_mamba_layers_is_refused() -> None:
     with pytest.raises(ValueError, match="is_eagle"):
         make_cache("radix", CacheConfig(256, 1, layout="mamba-hybrid"), is_eagle=True)
     # The class refuses it too when built directly, past the factory's capability table.
-    from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
+    from prefixcache.backends.radix import RadixPrefixCache
 
     with pytest.raises(ValueError, match="drops it for a tree with a MAMBA component"):
-        MambaRadixPrefixCache(CacheConfig(256, 1, layout="mamba-hybrid"), is_eagle=True)
+        RadixPrefixCache(CacheConfig(256, 1, layout="mamba-hybrid"), is_eagle=True)
 
 
 # ---------------------------------------------------------------------------- upstream

@@ -31,7 +31,7 @@ def test_mamba_request_before_first_commit_is_legal() -> None:
     cache.check_invariants()  # computed, not yet committed
     cache.release(req)  # finished at prefill: inserted with its state donated
     cache.check_invariants()
-    assert [length for length, _ in cache.state_slots()] == [10]
+    assert [length for length, _ in cache.component.state_slots()] == [10]
 
 
 SWA_FIXTURES = Path(__file__).parent / "fixtures" / "upstream" / "sglang_hybrid"

@@ -1,4 +1,4 @@
-"""MambaRadixPrefixCache: pool sizes, the kv_groups / page_tables contract, where SGLang 0.5.23
+"""RadixPrefixCache: pool sizes, the kv_groups / page_tables contract, where SGLang 0.5.23
 (no_buffer) stores states and cuts hits, and what Marconi's options change.
 
 The request flow itself is compared op by op with SGLang's own code in
@@ -8,7 +8,7 @@ test_radix_mamba_upstream.py; these tests pin the documented semantics around it
 from __future__ import annotations
 
 import pytest
-from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
+from prefixcache.backends.radix import RadixPrefixCache
 from prefixcache.backends.radix.mamba_marconi import prefix_flops
 from prefixcache.backends.radix.mamba_pool import mamba_pool_sizes
 
@@ -17,12 +17,12 @@ from prefixcache import CacheConfig, Request
 LAYOUT = [("mamba", 2), ("full",)]
 
 
-def _cache(capacity: int = 40, **options: object) -> MambaRadixPrefixCache:
-    return MambaRadixPrefixCache(CacheConfig(capacity, 1, layout=LAYOUT), **options)  # type: ignore[arg-type]
+def _cache(capacity: int = 40, **options: object) -> RadixPrefixCache:
+    return RadixPrefixCache(CacheConfig(capacity, 1, layout=LAYOUT), **options)  # type: ignore[arg-type]
 
 
 def _run(
-    cache: MambaRadixPrefixCache, rid: str, tokens: list[int], chunks: list[int], outputs: int = 0
+    cache: RadixPrefixCache, rid: str, tokens: list[int], chunks: list[int], outputs: int = 0
 ) -> Request:
     """Admit, prefill in ``chunks`` (the first after the hit), decode ``outputs`` tokens, finish."""
     req = Request(rid, tokens)
@@ -59,7 +59,7 @@ def test_pool_sizes_follow_sglang_ratio_path() -> None:
     [
         (CacheConfig(64, 4, layout=LAYOUT), {}, "page_size must be 1"),
         (CacheConfig(64, 1, layout=[("mamba", 2), ("sliding_window", 4), ("full",)]), {}, "sliding-window"),
-        (CacheConfig(64, 1), {}, "needs a layout"),
+        (CacheConfig(64, 1), {"mamba_admission": "marconi"}, "mamba_admission: not an option of radix over"),
         (CacheConfig(4, 1, layout=[("mamba", 8), ("full",)]), {}, "state slots"),
         (CacheConfig(64, 1, layout=LAYOUT), {"mamba_admission": "all"}, "mamba_admission"),
         (CacheConfig(64, 1, layout=LAYOUT), {"eviction_policy": "lfu"}, "eviction_policy"),
@@ -70,14 +70,14 @@ def test_pool_sizes_follow_sglang_ratio_path() -> None:
 )
 def test_unsupported_configs_raise(config: CacheConfig, options: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        MambaRadixPrefixCache(config, **options)  # type: ignore[arg-type]
+        RadixPrefixCache(config, **options)  # type: ignore[arg-type]
 
 
 def test_kv_groups_and_page_tables_contract() -> None:
     cfg = CacheConfig(40, 1, layout=[("full",), ("mamba", 2), ("mamba", 2), ("full",)])
-    cache = MambaRadixPrefixCache(cfg)
+    cache = RadixPrefixCache(cfg)
     full, mamba = cache.kv_groups()
-    k, t = cache.sizes
+    k, t = cache.component.sizes
     assert full == type(full)("full", None, "full", 1, t + 1, (0, 3))
     assert mamba == type(mamba)("mamba", None, "mamba", 1, k + 1, (1, 2))
     req = Request("a", [1, 2, 3, 4])
@@ -96,7 +96,7 @@ def test_states_at_every_chunk_end_and_at_finish() -> None:
     donates the request's own slot at its last computed token (output included)."""
     cache = _cache(60)
     req = _run(cache, "a", list(range(1, 11)), [3, 4, 3], outputs=2)
-    assert [d for d, _ in cache.state_slots()] == [3, 7, 10, 12]
+    assert [d for d, _ in cache.component.state_slots()] == [3, 7, 10, 12]
     assert req.num_computed_tokens == 12
 
 
@@ -109,7 +109,7 @@ def test_hit_is_cut_back_to_the_deepest_checkpoint() -> None:
     m = cache.lookup(b)
     assert (m.tokens, m.full_hit) == (3, 6)  # type: ignore[attr-defined]
     assert cache.allocate(b, 5, m) and b.num_computed_tokens == 3
-    assert cache.cow_source(b) == dict((d, s) for d, s in cache.state_slots())[3]
+    assert cache.request_kv(b).cow_source == dict((d, s) for d, s in cache.component.state_slots())[3]
 
 
 def test_state_eviction_tombstones_internal_nodes_and_deletes_leaves() -> None:
@@ -118,8 +118,8 @@ def test_state_eviction_tombstones_internal_nodes_and_deletes_leaves() -> None:
     cache = _cache(60)
     _run(cache, "a", [1, 2, 3, 4, 5, 6], [6])
     _run(cache, "b", [1, 2, 3, 4, 5, 6, 7, 8], [2])
-    assert [d for d, _ in cache.state_slots()] == [6, 8]
-    assert cache.evict_states(2) == 2 and cache.state_slots() == []
+    assert [d for d, _ in cache.component.state_slots()] == [6, 8]
+    assert cache.evict_component(2) == 2 and cache.component.state_slots() == []
     assert cache.usage().evictable == 6
     m = cache.lookup(Request("c", [1, 2, 3, 4, 5, 6, 7]))
     assert (m.tokens, m.full_hit) == (0, 6)  # type: ignore[attr-defined]
@@ -132,7 +132,7 @@ def test_split_leaves_the_upper_part_without_a_state() -> None:
     _run(cache, "a", [1, 2, 3, 4, 5, 6], [6])
     cache.lookup(Request("b", [1, 2, 3, 9]))  # splits [1..6] at 3
     assert [len(n.key) for n in cache.tree.root_node.children[1].children.values()] == [3]
-    assert [d for d, _ in cache.state_slots()] == [6]
+    assert [d for d, _ in cache.component.state_slots()] == [6]
 
 
 def test_mamba_lock_holds_only_the_node() -> None:
@@ -142,8 +142,8 @@ def test_mamba_lock_holds_only_the_node() -> None:
     _run(cache, "a", [1, 2, 3, 4, 5, 6], [3, 3])  # states at 3 and 6
     b = Request("b", [1, 2, 3, 4, 5, 6, 7])
     assert cache.allocate(b, 1)  # hit 6: locks the node ending at 6
-    assert cache.evict_states(5) == 1  # only the state at 3 is free to go (a tombstone)
-    assert [d for d, _ in cache.state_slots()] == [6]
+    assert cache.evict_component(5) == 1  # only the state at 3 is free to go (a tombstone)
+    assert [d for d, _ in cache.component.state_slots()] == [6]
     assert cache.usage().evictable == 0, "the KV of the locked path stays"
     cache.check_invariants()
 
@@ -155,8 +155,8 @@ def test_marconi_admission_holds_fewer_states() -> None:
     sglang, marconi = _cache(60), _cache(60, mamba_admission="marconi")
     for cache in (sglang, marconi):
         _run(cache, "a", list(range(1, 13)), [3, 3, 3, 3])
-    assert [d for d, _ in sglang.state_slots()] == [3, 6, 9, 12]
-    assert [d for d, _ in marconi.state_slots()] == [12]
+    assert [d for d, _ in sglang.component.state_slots()] == [3, 6, 9, 12]
+    assert [d for d, _ in marconi.component.state_slots()] == [12]
 
 
 def test_marconi_admission_checkpoints_the_junction() -> None:
@@ -179,8 +179,8 @@ def test_marconi_eviction_keeps_the_long_prefix() -> None:
         cache = _cache(200, eviction_policy=policy, marconi_alpha=2.0)
         _run(cache, "long", list(range(1, 41)), [40])
         _run(cache, "short", [90, 91], [2])
-        cache.evict_states(1)
-        kept[policy] = [d for d, _ in cache.state_slots()]
+        cache.evict_component(1)
+        kept[policy] = [d for d, _ in cache.component.state_slots()]
     assert kept == {"lru": [2], "marconi": [40]}
 
 
@@ -194,11 +194,11 @@ def test_prefix_flops_grow_quadratically_with_attention() -> None:
 MACHINE_LAYOUT = [("mamba", 4), ("full",)]  # the machine's: 4 state slots, 28 KV slots
 
 
-def _machine_cache(**options: object) -> MambaRadixPrefixCache:
-    return MambaRadixPrefixCache(CacheConfig(24, 1, layout=MACHINE_LAYOUT), **options)  # type: ignore[arg-type]
+def _machine_cache(**options: object) -> RadixPrefixCache:
+    return RadixPrefixCache(CacheConfig(24, 1, layout=MACHINE_LAYOUT), **options)  # type: ignore[arg-type]
 
 
-def _finish(cache: MambaRadixPrefixCache, rid: str, tokens: list[int]) -> None:
+def _finish(cache: RadixPrefixCache, rid: str, tokens: list[int]) -> None:
     """The machine's finish_at_prefill: admit with the hit, compute the rest, release."""
     req = Request(rid, tokens)
     match = cache.lookup(req)
@@ -208,13 +208,14 @@ def _finish(cache: MambaRadixPrefixCache, rid: str, tokens: list[int]) -> None:
     cache.check_invariants()
 
 
-def _hit_is_a_fresh_lookups(cache: MambaRadixPrefixCache, req: Request) -> None:
+def _hit_is_a_fresh_lookups(cache: RadixPrefixCache, req: Request) -> None:
     """The live ``req``'s hit is what a lookup finds now: its KV slots are the tree's for its
     tokens and its state was copied from a tree state of exactly the hit's depth."""
-    hit, src = req.num_computed_tokens, cache.cow_source(req)
+    hit, src = req.num_computed_tokens, cache.request_kv(req).cow_source
     assert (hit == 0) == (src == 0), f"hit {hit} with state source {src}"
     if hit:
-        assert (hit, src) in cache.state_slots(), f"hit {hit}: slot {src} is not a state of that depth"
+        held = cache.component.state_slots()
+        assert (hit, src) in held, f"hit {hit}: slot {src} is not a state of that depth"
     now = cache.lookup(Request("twin", req.all_token_ids))
     assert hit == now.tokens, f"hit {hit}, a lookup now finds {now.tokens}"
     assert cache.page_tables(req)[0][:hit] == cache.tree.path_indices(now.last_node).tolist()  # type: ignore[attr-defined]
@@ -227,7 +228,7 @@ BOTH = pytest.mark.parametrize("options", [{}, MARCONI], ids=["sglang", "marconi
 # Every one below is one cause: the backend's reset built a new tree whose version restarted,
 # so once the new tree had changed as often as the old one had when a match was taken, that
 # match was trusted: its node, KV slots and state slot of the old tree, now another's.
-def _match_of_the_old_tree(cache: MambaRadixPrefixCache, cached: list[int], probe: list[int]) -> tuple:
+def _match_of_the_old_tree(cache: RadixPrefixCache, cached: list[int], probe: list[int]) -> tuple:
     """r1 = ``cached`` finishes, r2 = ``probe`` is looked up (hitting all of r1): (r2, its match),
     to be admitted after a reset."""
     _finish(cache, "r1", cached)
@@ -281,7 +282,7 @@ def test_a_stale_match_after_a_reset_hits_only_with_a_state(options: dict) -> No
     reset (the version moved on), and the new tree reached that version again."""
     cache = _machine_cache(**options)
     r2, match = _match_of_the_old_tree(cache, [0], [0, 0])
-    assert cache.evict_states(1) == 1
+    assert cache.evict_component(1) == 1
     assert cache.reset()
     _finish(cache, "r3", [1])  # the new tree at the match's version; its node has no state
     assert cache.allocate(r2, 1, match)
@@ -300,7 +301,7 @@ def test_a_stale_match_after_a_reset_is_refused_when_no_state_comes_free(options
     _finish(cache, "r3", [1])
     for rid, tokens in (("a", [1, 2]), ("b", [2]), ("c", [2, 2])):  # every state slot taken
         assert cache.allocate(Request(rid, tokens), 1)
-    assert cache.state_usage() == (0, 0, cache.sizes.states)
+    assert cache.component_usage() == (0, 0, cache.component.sizes.states)
     assert not cache.allocate(r2, 1, match)
     cache.check_invariants()
 

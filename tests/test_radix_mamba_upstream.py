@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prefixcache.backends.radix import RadixPrefixCache
 from prefixcache.backends.radix.components.mamba import MambaComponent, mamba_tree
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
-from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
 from prefixcache.backends.radix.radix_cache import InsertParams, LockReceipt, RadixCache
 from prefixcache.backends.radix.tree import TreeNode
 from prefixcache.experiments.upstream.kv_event_cases import event_json
@@ -54,7 +54,7 @@ def replay_tree(sc: dict[str, Any], events: bool = False) -> list[dict[str, Any]
     kv = PagePool(sc["kv_tokens"] + 1)
     states = PagePool(sc["mamba_slots"] + 1)
     recorder = RadixEventRecorder(1) if events else None
-    mamba = MambaComponent(lambda slot: states.free([slot]))
+    mamba = MambaComponent(states)
     tree = mamba_tree(kv.free_each, mamba, events=recorder)
     locks: dict[str, LockReceipt] = {}
     out: list[dict[str, Any]] = []
@@ -130,14 +130,14 @@ def test_mamba_tree_replays_sglang_0_5_23(path: Path) -> None:
 
 
 def replay_requests(sc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The driver's request ops through MambaRadixPrefixCache (the PrefixCache interface), its
+    """The driver's request ops through RadixPrefixCache (the PrefixCache interface), its
     pools sized like the driver's: layout [mamba 1, full], max_mamba_cache_size = the state
     slots, so the full pool gets 2 x capacity - (slots + 1) = the driver's KV tokens."""
     capacity, odd = divmod(sc["kv_tokens"] + sc["mamba_slots"] + 1, 2)
     assert not odd, "kv_tokens + mamba_slots must be odd"
     cfg = CacheConfig(capacity, 1, layout=[("mamba", 1), ("full",)])
-    cache = MambaRadixPrefixCache(cfg, max_mamba_cache_size=sc["mamba_slots"])
-    assert cache.sizes == (sc["mamba_slots"], sc["kv_tokens"])
+    cache = RadixPrefixCache(cfg, max_mamba_cache_size=sc["mamba_slots"])
+    assert cache.component.sizes == (sc["mamba_slots"], sc["kv_tokens"])
     reqs: dict[str, Request] = {}
     out: list[dict[str, Any]] = []
 
@@ -155,7 +155,7 @@ def replay_requests(sc: dict[str, Any]) -> list[dict[str, Any]]:
             n = min(op["chunk"], req.num_tokens - m.tokens)
             assert cache.allocate(req, n, m)
             rec["hit"] = req.num_computed_tokens
-            rec["cow_source"] = cache.cow_source(req)
+            rec["cow_source"] = cache.request_kv(req).cow_source
             rec["state"] = cache.page_tables(req)[1][0]
             req.num_computed_tokens += n
             cache.commit(req)
@@ -182,7 +182,8 @@ def replay_requests(sc: dict[str, Any]) -> list[dict[str, Any]]:
             rec["kv"] = cache.page_tables(req)[0][: req.num_computed_tokens]
             rec["protected"] = cache._live[req.request_id].state.protected
         tree = cache.tree
-        pools = [cache.kv.num_free, cache.states.num_free, tree.evictable_size(), cache.mamba.evictable]
+        mamba = cache.component
+        pools = [cache.pool.num_free, mamba.states.num_free, tree.evictable_size(), mamba.evictable]
         rec["pools"] = pools
         rec["states"] = _states(tree)
         cache.check_invariants()

@@ -61,12 +61,12 @@ def test_commit_moves_the_lock_to_the_new_last_node() -> None:
     r.num_computed_tokens = 10
     cache.commit(r)
     tree = cache.cache.tree
-    first = cache.cache._live["r"].state.last_node
+    first = cache.cache._live["r"].state.lock.node
     assert (tree.protected_size(), tree.evictable_size(), first.lock_ref) == (10, 0, 1)
     assert cache.allocate(r, 10)
     r.num_computed_tokens = 20
     cache.commit(r)
-    second = cache.cache._live["r"].state.last_node
+    second = cache.cache._live["r"].state.lock.node
     assert second is not first and second.parent is first and second.lock_ref == 1
     assert (tree.protected_size(), tree.evictable_size()) == (20, 0)
     cache.release(r)

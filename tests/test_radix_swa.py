@@ -11,7 +11,6 @@ from prefixcache.backends.radix import RadixPrefixCache
 from prefixcache.backends.radix.components.swa import SWAComponent, swa_tree
 from prefixcache.backends.radix.key import RadixKey
 from prefixcache.backends.radix.radix_cache import InsertParams, RadixCache
-from prefixcache.backends.radix.swa_backend import SWARadixPrefixCache
 from prefixcache.backends.radix.swa_pool import SWAPagePool, swa_pool_sizes
 
 from prefixcache import CacheConfig, Request, make_cache
@@ -35,7 +34,7 @@ def put(t: RadixCache, tokens: list[int], evicted: int = 0) -> tuple[int, object
     return out.prefix_len, out.node
 
 
-def run(cache: SWARadixPrefixCache, req: Request, n: int | None = None) -> None:
+def run(cache: RadixPrefixCache, req: Request, n: int | None = None) -> None:
     """Admit or extend ``req`` by n tokens (all remaining if None), compute and commit them."""
     first = not cache.is_live(req)
     m = cache.lookup(req) if first else None
@@ -56,9 +55,9 @@ def test_dense_configs_keep_the_dense_radix_cache() -> None:
 def test_a_hybrid_layout_gets_two_pools_sized_from_the_layer_token_budget() -> None:
     cfg = CacheConfig(400, 4, layout=SWA4 * 2)
     cache = make_cache("radix", cfg)
-    assert isinstance(cache, SWARadixPrefixCache)
+    assert isinstance(cache, RadixPrefixCache)
     # 400 x 4 layer-tokens / (2 + 0.8 x 2) = 444.4 -> 444 full, int(444 x 0.8) = 355 -> 352 SWA
-    assert tuple(cache.sizes) == (444, 352) == tuple(swa_pool_sizes(cfg))
+    assert tuple(cache.component.sizes) == (444, 352) == tuple(swa_pool_sizes(cfg))
     full, swa = cache.kv_groups()
     assert (full.kind, full.pool, full.window, full.layers, full.num_pages) == (
         "full",
@@ -75,7 +74,7 @@ def test_a_hybrid_layout_gets_two_pools_sized_from_the_layer_token_budget() -> N
         89,
     )
     half = make_cache("radix", cfg, swa_full_tokens_ratio=0.5)
-    assert tuple(half.sizes) == (532, 264)  # 1600 / 3 = 533 -> 532; int(266.0) -> 264
+    assert tuple(half.component.sizes) == (532, 264)  # 1600 / 3 = 533 -> 532; int(266.0) -> 264
 
 
 def test_two_windows_share_one_swa_pool_keeping_the_larger() -> None:
@@ -95,6 +94,7 @@ def test_two_windows_share_one_swa_pool_keeping_the_larger() -> None:
         (SWA4, {"eviction_policy": "lfu"}, "eviction_policy='lfu' not supported .*LRU only"),
         (SWA4, {"swa_eviction_interval": 0}, "swa_eviction_interval"),
         (SWA4, {"swa_full_tokens_ratio": 0}, "swa_full_tokens_ratio"),
+        ([("full",)], {"swa_eviction_interval": 8}, "swa_eviction_interval: not an option of radix over"),
     ],
 )
 def test_bad_hybrid_configs_are_clear_value_errors(layout: list, options: dict, message: str) -> None:
@@ -190,14 +190,14 @@ def test_usage_is_the_full_pool_and_swa_usage_the_swa_pool() -> None:
     cache = make_cache("radix", CacheConfig(64, 1, layout=SWA4))
     a = Request("a", list(range(1, 21)))
     run(cache, a)
-    full, swa = cache.usage(), cache.swa_usage()
-    assert sum(full) == cache.sizes.full_tokens and sum(swa) == cache.sizes.swa_tokens
-    assert full.free == cache.sizes.full_tokens - 20
+    full, swa = cache.usage(), cache.component_usage()
+    assert sum(full) == cache.component.sizes.full_tokens and sum(swa) == cache.component.sizes.swa_tokens
+    assert full.free == cache.component.sizes.full_tokens - 20
     # the checkpoint freed the SWA of the request's tokens older than the window
-    assert swa.free == cache.sizes.swa_tokens - 4 - 1  # 4 in the window + its last token
+    assert swa.free == cache.component.sizes.swa_tokens - 4 - 1  # 4 in the window + its last token
     cache.release(a)
     cache.check_invariants()
-    assert cache.usage().in_use == 0 and cache.swa_usage().in_use == 0
+    assert cache.usage().in_use == 0 and cache.component_usage().in_use == 0
 
 
 def test_page_tables_read_zero_where_the_swa_left_the_window() -> None:
@@ -215,7 +215,7 @@ def test_page_tables_read_zero_where_the_swa_left_the_window() -> None:
     # the request freed its own out-of-window pages; the prompt's pages belong to the tree,
     # whose SWA only SWA eviction frees (the oldest, outside the request's SWA lock)
     assert swa[2] == 0 and 0 not in swa[3:] and swa[0] != 0 and swa[1] != 0 and 0 not in full
-    assert cache.evict_swa(8) == 4 and cache.page_tables(r)[1][:2] == [0, swa[1]]
+    assert cache.evict_component(8) == 4 and cache.page_tables(r)[1][:2] == [0, swa[1]]
     cache.release(r)
     cache.check_invariants()
 
@@ -235,10 +235,10 @@ def test_a_failed_hybrid_allocate_changes_nothing() -> None:
     cache = make_cache("radix", CacheConfig(32, 1, layout=SWA4))
     a = Request("a", list(range(1, 30)))
     run(cache, a, 20)
-    before = (cache.usage(), cache.swa_usage(), cache.page_tables(a))
+    before = (cache.usage(), cache.component_usage(), cache.page_tables(a))
     b = Request("b", list(range(100, 125)))
     assert not cache.allocate(b, 25)
-    assert (cache.usage(), cache.swa_usage(), cache.page_tables(a)) == before and not cache.is_live(b)
+    assert (cache.usage(), cache.component_usage(), cache.page_tables(a)) == before and not cache.is_live(b)
 
 
 def test_a_match_from_before_a_reset_is_revalidated() -> None:

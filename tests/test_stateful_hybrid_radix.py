@@ -53,7 +53,7 @@ class HybridLifecycle(Lifecycle):
         return self.cache.page_tables(req)  # type: ignore[no-any-return]
 
     def more_state(self) -> tuple:
-        return (self.cache.swa_usage(),)
+        return (self.cache.component_usage(),)
 
     def fits(self, tokens: int, req: Request | None = None) -> bool:
         """What allocate accepts: all tokens in the full pool, this call's new pages in the SWA
@@ -95,7 +95,7 @@ class HybridLifecycle(Lifecycle):
     @rule(num_tokens=st.integers(0, 32), swa=st.booleans())
     def evict(self, num_tokens: int, swa: bool) -> None:
         if swa:
-            assert self.cache.evict_swa(num_tokens) >= 0
+            assert self.cache.evict_component(num_tokens) >= 0
         else:
             self._evict(num_tokens)
 

@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
-from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
+from prefixcache.backends.radix import RadixPrefixCache
 from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache import CacheConfig, Match, Request
@@ -39,7 +39,7 @@ from tests.stateful_rules import SALTED, machine_tests, new_request_rule, step_r
 SEEN: defaultdict[str, Counter[str]] = defaultdict(Counter)
 
 
-def tree_states(cache: MambaRadixPrefixCache) -> dict[int, tuple]:
+def tree_states(cache: RadixPrefixCache) -> dict[int, tuple]:
     """{state slot: (namespace, path tokens)} of every tree node holding a state."""
     out: dict[int, tuple] = {}
     stack: list[tuple[TreeNode, tuple]] = [(cache.tree.root_node, ())]
@@ -63,13 +63,13 @@ class MambaLifecycle(Lifecycle):
 
     def start(self) -> None:
         cfg = CacheConfig(self.capacity_tokens, 1, layout=list(self.layout))
-        self.cache = MambaRadixPrefixCache(cfg, **self.options)
+        self.cache = RadixPrefixCache(cfg, **self.options)
         full, mamba = self.cache.kv_groups()
         assert (full.kind, mamba.kind, mamba.pool, mamba.num_pages) == (
             "full",
             "mamba",
             "mamba",
-            self.cache.sizes.states + 1,
+            self.cache.component.sizes.states + 1,
         )
         self.shadows = [ShadowKV(1)]  # the full group's KV
         self.state: dict[int, tuple] = {}  # state slot -> the state it holds
@@ -82,10 +82,10 @@ class MambaLifecycle(Lifecycle):
         return slot  # type: ignore[no-any-return]
 
     def more_state(self) -> tuple:
-        return (self.cache.state_usage(), sorted(tree_states(self.cache)))
+        return (self.cache.component_usage(), sorted(tree_states(self.cache)))
 
     def fits(self, tokens: int, req: Request | None = None) -> bool:
-        return tokens <= self.cache.sizes.kv_tokens  # type: ignore[no-any-return]
+        return tokens <= self.cache.component.sizes.kv_tokens  # type: ignore[no-any-return]
 
     def _write(self, req: Request, start: int, stop: int) -> None:
         """The KV of each position, and the request's state after the last."""
@@ -112,13 +112,13 @@ class MambaLifecycle(Lifecycle):
                 f"{req.request_id}: a new state at {path} is not a prefix of the request"
             )
             assert len(path) <= req.num_computed_tokens, "a state beyond the computed tokens"
-            if self.cache.mamba_admission == "sglang":
+            if self.cache.component.admission == "sglang":
                 assert len(path) == req.num_computed_tokens, "SGLang stores a state at the chunk end only"
             self.state[slot] = (ns, path)
 
     def _check_state_hit(self, req: Request, what: str) -> None:
         """A hit hands back a state of exactly the hit length (copied from ``cow_source``)."""
-        hit, src = req.num_computed_tokens, self.cache.cow_source(req)
+        hit, src = req.num_computed_tokens, self.cache.request_kv(req).cow_source
         if hit:
             self.count("hits")
             assert src != 0, f"{what}: a hit of {hit} with no state to copy"
@@ -163,10 +163,10 @@ class MambaLifecycle(Lifecycle):
             self._evict(num_tokens)
             return
         in_use = self.cache.usage().in_use
-        held = {s for s, _ in self.cache.state_slots()}
+        held = {s for s, _ in self.cache.component.state_slots()}
         internal = sum(1 for n in self.cache.tree.iter_nodes() if n.mamba is not None and n.children)
-        assert self.cache.evict_states(states) >= 0
-        left = {s for s, _ in self.cache.state_slots()}
+        assert self.cache.evict_component(states) >= 0
+        left = {s for s, _ in self.cache.component.state_slots()}
         if len(held - left) and internal > sum(
             1 for n in self.cache.tree.iter_nodes() if n.mamba is not None and n.children
         ):

@@ -35,18 +35,18 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-from prefixcache.backends.radix.adapter import TreeMatch
-from prefixcache.backends.radix.backend import RadixPrefixCache, _Live
+from prefixcache.backends.radix.backend import RadixPrefixCache, TreeMatch
 from prefixcache.backends.radix.hicache_pool import HostPool, host_pool_tokens
 from prefixcache.backends.radix.hicache_storage import HiCacheStorage, storage_from_config
 from prefixcache.backends.radix.hicache_tier import HiCacheTier
 from prefixcache.backends.radix.hicache_tree import HiRadixCache
 from prefixcache.backends.radix.key import request_key
+from prefixcache.backends.radix.radix_cache import LockReceipt, ReqKV
 from prefixcache.backends.radix.tree import TreeNode
 
 from prefixcache.config import CacheConfig
 from prefixcache.interface import Match
-from prefixcache.pool import PageIds, PagePool, PageTable
+from prefixcache.pool import PageIds, PageTable
 from prefixcache.request import Request
 from prefixcache.tiers import HostTier, HostTierConfig
 
@@ -162,7 +162,7 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         """The tree changed since: a device node may be host-only now, a host copy gone."""
         return self._match(match.request)
 
-    def _admit(self, req: Request, num_new_tokens: int, match: Match) -> _Live | None:
+    def _admit(self, req: Request, num_new_tokens: int, match: Match) -> ReqKV | None:
         m = cast(HiTreeMatch, match)
         tree, p = self.hitree, self.page_size
         hit = m.tokens + m.host_tokens
@@ -193,16 +193,14 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
             tree.ongoing_loads.append(m.best_node)
             tree.dec_lock_ref(m.last_node)
             last_node = m.best_node
-        demand, merge_if_over = self._demand(num_new_tokens, decode=False)
-        made = self._make_room(need, demand)
-        assert made, "the load and the extend were checked to fit together"
-        new_pages = self.pool.alloc(need, merge_if_over=merge_if_over)
-        assert new_pages is not None
+        assert self._can_take(need, admit=True), "the load and the extend were checked to fit together"
         # [0, tokens) device hit | [tokens, hit) loaded from host | [hit, ...) our own pages
         assert loaded is not None
-        pages = PageTable(np.concatenate([self._pages_of(m.indices), loaded, new_pages]))
+        pages = PageTable(np.concatenate([self._pages_of(m.indices), loaded]))
+        live = ReqKV(pages, hit, LockReceipt(last_node, None), req.num_tokens)
+        self._take(live, need, num_new_tokens, decode=False)
         self.hicache.count_admission(req, m.tokens, m.host_tokens)
-        return _Live(pages, hit, last_node, 0, req.num_tokens)
+        return live
 
     def _in_place_now(self) -> bool:
         """Not while a copy is in flight: its ack (next step) changes the cache."""
@@ -218,13 +216,11 @@ class HiCacheRadixPrefixCache(RadixPrefixCache):
         return mine[mine != tree_pages]
 
     def _reset(self) -> None:
-        # no request is live: every page returns; the same tree, so its version keeps counting
-        self.pool = PagePool(self.config.num_pages, need_sort=self.need_sort, page_size=self.page_size)
         self.hitree.host_pool = HostPool(self.host_size, self.page_size)
-        self.tree.reset()
+        super()._reset()
         self.hicache.reset()
 
-    def _release(self, req: Request, state: _Live) -> None:
+    def _release(self, req: Request, state: ReqKV) -> None:
         super()._release(req, state)
         self.hicache.released(req)
 

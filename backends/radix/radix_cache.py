@@ -21,11 +21,13 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 from prefixcache.backends.radix.events import RadixEventRecorder
 from prefixcache.backends.radix.key import RadixKey
+from prefixcache.backends.radix.swa_pool import SWAPagePool
 from prefixcache.backends.radix.tree import ROOT_PRIORITY, SlotArray, TreeNode, iter_nodes
 
 from prefixcache.eviction import (
@@ -39,6 +41,10 @@ from prefixcache.eviction import (
     make_policy,
     note_eviction,
 )
+from prefixcache.interface import KVGroup, PageUsage
+from prefixcache.layout import ModelLayout
+from prefixcache.pool import PageIds, PagePool, PageTable
+from prefixcache.request import Request
 
 EMPTY_SLOTS: SlotArray = np.empty(0, dtype=np.int64)
 EvictionOrder = Callable[[list[TreeNode]], list[TreeNode]]
@@ -73,6 +79,33 @@ class InsertParams(NamedTuple):
 class LockReceipt(NamedTuple):
     node: TreeNode
     swa_uuid: int | None  # SWA: where its lock's window ended (None: at the root, or no SWA)
+
+
+@dataclass(slots=True)
+class ReqKV:
+    """A live request's KV, as SGLang keeps it on the ``Req`` (``req.kv``, ``req.lock``)."""
+
+    pages: PageTable  # full-pool pages: [0, protected) the tree's, then the request's own
+    protected: int  # cache_protected_len: leading tokens whose pages belong to the tree
+    lock: LockReceipt  # held where its tree-owned prefix ends
+    prefill_end: int  # tokens at admission: steps from there on are decode steps
+    decoding: bool = False  # its last allocation was a decode step: no checkpoint after it
+    hits_counted: int = 0  # tokens of its path already counted in hit_count (once per request)
+    key: RadixKey | None = None  # request_key of its tokens when last built (they only grow)
+    seen: float = 0.0  # lrp: the share of its prompt the cache would have hit with the ghost
+    # SWA: swa_branching_seqlen (page-aligned; the full hit ran past the SWA-valid one there, and
+    # the first checkpoint inserts only up to it, reviving the tombstones it crosses), and
+    # swa_evicted_seqlen (the SWA of [0, this) freed by the request)
+    branching: int | None = None
+    swa_evicted: int = 0
+    # MAMBA: its own state slot (mamba_pool_idx; 0 once donated), the slot its hit was copied
+    # from (0: a fresh state), Marconi's shared-prefix junction to checkpoint at (0: none)
+    state: int = 0
+    cow_source: int = 0
+    junction: int = 0
+
+
+CheckpointInsert = Callable[[ReqKV, RadixKey, InsertParams], TreeInsert]
 
 
 class TreeComponent(ABC):
@@ -137,6 +170,71 @@ class TreeComponent(ABC):
     @abstractmethod
     def check(self) -> None:
         """AssertionError unless its sizes and lists agree with the nodes."""
+
+    # ------------------------------------------------------------------ the request side
+    # UnifiedRadixCache's caching hooks and what the scheduler's allocation asks of the
+    # component's pool, called by the adapter (backend.py) for every request.
+    eviction_order: EvictionOrder | None = None  # an order for both phases (Marconi), or the policy's
+    free_groups = False  # a batch's frees go back as one group (process_batch_result)
+
+    @abstractmethod
+    def new_pools(self) -> PagePool | SWAPagePool:
+        """Its pools, empty (at construction and every reset); returns the pool a request's
+        pages come from, whose free page counts full pages."""
+
+    def can_take(self, num_pages: int, admit: bool, bonus: int = 0) -> bool:
+        """Whether evicting all it can would give ``num_pages`` more pages (``admit``: and a new
+        request's own part; ``bonus``: its pages the step frees first)."""
+        return True
+
+    def shortfall(self, demand: int) -> int:
+        """Its units to evict for before an allocation of ``demand`` tokens."""
+        return 0
+
+    def admit(self, req: Request, live: ReqKV, full_hit: int) -> int:
+        """A new request's own part, taken before its pages; returns full tokens evicted."""
+        return 0
+
+    def slide_span(self, req: Request, live: ReqKV, decode: bool) -> tuple[int, int] | None:
+        """Tokens [lo, hi) whose pages in this pool the step frees first (``free_span``), or None."""
+        return None
+
+    def free_span(self, live: ReqKV, span: tuple[int, int]) -> None:
+        """Free what ``slide_span`` named."""
+        raise NotImplementedError(f"{type(self).__name__} names no span to free")
+
+    @abstractmethod
+    def checkpoint(self, req: Request, live: ReqKV, finished: bool, insert: CheckpointInsert) -> int:
+        """``checkpoint_into_tree(req, up_to=num_computed_tokens)``, its rules around the inserts
+        it makes through ``insert``; returns full tokens evicted."""
+
+    def release(self, live: ReqKV, own: PageIds) -> PageIds:
+        """A released request's own part; returns what of ``own`` the caller frees as usual."""
+        return own
+
+    def check_fits(self, req: Request, new_pages: int) -> None:
+        """ValueError if an allocation of ``new_pages`` pages can never fit its pool."""
+        return None
+
+    @abstractmethod
+    def usage(self) -> PageUsage:
+        """Its pool's units: free / evictable / in use."""
+
+    @abstractmethod
+    def kv_group(self, layout: ModelLayout) -> KVGroup:
+        """Its KV group (after the full one)."""
+
+    @abstractmethod
+    def page_table_row(self, live: ReqKV) -> list[int]:
+        """The request's row of its group's page table."""
+
+    @abstractmethod
+    def memory_in_use(self, layout: ModelLayout) -> int:
+        """Its pinned units, in layer-token units."""
+
+    @abstractmethod
+    def check_requests(self, lives: dict[str, ReqKV]) -> None:
+        """InvariantError unless its pool and the live requests' parts (by id) agree."""
 
 
 class RadixCache:
@@ -577,6 +675,15 @@ class RadixCache:
         if self.component is None or node is self.root_node:
             return LockReceipt(node, None)
         return LockReceipt(node, self.component.acquire_component_lock(node))
+
+    def relock(self, receipt: LockReceipt, node: TreeNode) -> LockReceipt:
+        """A request's lock moved to ``node`` (a checkpoint): ``move_lock`` on a FULL-only tree,
+        ``unlock`` then ``lock`` on another, as SGLang."""
+        if self.component is None:
+            self.move_lock(receipt.node, node)
+            return LockReceipt(node, None)
+        self.unlock(receipt)
+        return self.lock(node)
 
     def unlock(self, receipt: LockReceipt, swa_released: bool = False) -> None:
         """Undo ``lock``: the component's lock (unless ``swa_released``: SWA let go of it

@@ -71,9 +71,34 @@ class SWAPagePool:
 
     def __init__(self, full_pages: int, swa_pages: int, *, page_size: int = 1) -> None:
         """full_pages / swa_pages: pages of each pool, the reserved page 0 included."""
+        self.page_size = page_size
         self.full = PagePool(full_pages, page_size=page_size)
         self.swa = PagePool(swa_pages, page_size=page_size)
         self.full_to_swa: npt.NDArray[np.int64] = np.zeros(full_pages, dtype=np.int64)
+
+    # What a request's pages need of a pool (the dense cache's ``PagePool`` has the same): the
+    # full pool's counts; no ``need_sort``, so nothing is ever staged to merge.
+    @property
+    def num_pages(self) -> int:
+        return self.full.num_pages
+
+    @property
+    def num_free(self) -> int:
+        return self.full.num_free
+
+    @property
+    def num_ready(self) -> int:
+        return self.available
+
+    def would_merge(self, n: int, merge_if_over: int | None = None) -> bool:
+        return False
+
+    def free_page_ids(self) -> PageIds:
+        return self.full.free_page_ids()
+
+    def free_each(self, runs: list[PageIds]) -> None:
+        """Full pages of deleted leaves, a free call each (their SWA peers went with the leaf)."""
+        self.full.free_each(runs)
 
     @property
     def in_group(self) -> bool:
@@ -99,7 +124,7 @@ class SWAPagePool:
         """Pages an allocation can take now: the min of the two pools."""
         return min(self.full.num_free, self.swa.num_free)
 
-    def alloc(self, n: int) -> PageIds | None:
+    def alloc(self, n: int, *, merge_if_over: int | None = None) -> PageIds | None:
         """n pages from both pools, mapped; None (nothing changed) if either is short."""
         if n > self.available:
             return None

@@ -14,6 +14,24 @@ SlotArray = npt.NDArray[np.int64]
 ROOT_PRIORITY = -sys.maxsize  # any real priority overrides the root's
 
 
+# Pages: the tree stores per-token slot indices (slot = page * page_size + offset, as SGLang's
+# paged allocator hands them out) while memory moves by whole pages; page 0 is reserved.
+def page_slots(pages: SlotArray, page_size: int) -> SlotArray:
+    """The slots of whole pages, in order."""
+    if page_size == 1:
+        return pages  # slot == page
+    return (pages[:, None] * page_size + np.arange(page_size, dtype=np.int64)).reshape(-1)
+
+
+def slot_pages(slots: SlotArray, page_size: int) -> SlotArray:
+    """Page ids of whole-page slot runs (slot // page_size at each page start). At page size 1
+    that is ``slots`` itself, not a copy (every caller frees, compares or stores the ids into
+    a page table at once; one that kept them would copy)."""
+    if page_size == 1:
+        return slots
+    return slots[::page_size] // page_size  # type: ignore[no-any-return]
+
+
 class _Node(Protocol):
     @property
     def children(self) -> dict[Any, Any]: ...

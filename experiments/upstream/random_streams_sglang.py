@@ -313,14 +313,14 @@ def streams_of(family: str, seed: int, n: int) -> list[Stream]:
 # replay_requests and tests/test_kv_events_backends.py::replay: those modules import pytest,
 # which the upstream venv lacks.
 def replay_mamba_ours(sc: Stream) -> Records:
-    """sglang_mamba_driver's request ops through MambaRadixPrefixCache, pools sized alike."""
-    from prefixcache.backends.radix.mamba_backend import MambaRadixPrefixCache
+    """sglang_mamba_driver's request ops through RadixPrefixCache, pools sized alike."""
+    from prefixcache.backends.radix import RadixPrefixCache
 
     from prefixcache import CacheConfig, Request
 
     capacity, odd = divmod(sc["kv_tokens"] + sc["mamba_slots"] + 1, 2)
     assert not odd, "kv_tokens + mamba_slots must be odd"
-    cache = MambaRadixPrefixCache(
+    cache = RadixPrefixCache(
         CacheConfig(capacity, 1, layout=[("mamba", 1), ("full",)]), max_mamba_cache_size=sc["mamba_slots"]
     )
     reqs: dict[str, Request] = {}
@@ -341,7 +341,7 @@ def replay_mamba_ours(sc: Stream) -> Records:
             n = min(op["chunk"], req.num_tokens - m.tokens)
             assert cache.allocate(req, n, m)
             rec["hit"] = req.num_computed_tokens
-            rec["cow_source"] = cache.cow_source(req)
+            rec["cow_source"] = cache.request_kv(req).cow_source
             rec["state"] = cache.page_tables(req)[1][0]
             req.num_computed_tokens += n
             cache.commit(req)
@@ -363,7 +363,8 @@ def replay_mamba_ours(sc: Stream) -> Records:
             rec["kv"] = cache.page_tables(req)[0][: req.num_computed_tokens]
             rec["protected"] = cache._live[req.request_id].state.protected
         tree = cache.tree
-        pools = [cache.kv.num_free, cache.states.num_free, tree.evictable_size(), cache.mamba.evictable]
+        mamba = cache.component
+        pools = [cache.pool.num_free, mamba.states.num_free, tree.evictable_size(), mamba.evictable]
         rec["pools"] = pools
         rec["states"] = _mamba_states(tree)
         cache.check_invariants()

@@ -718,7 +718,7 @@ def replay_requests_ours(sc: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "evict":
             rec["freed"] = cache.evict(op["n"])
         rec["usage"] = list(cache.usage())
-        rec["swa_usage"] = list(cache.swa_usage())  # type: ignore[attr-defined]
+        rec["swa_usage"] = list(cache.component_usage())  # type: ignore[attr-defined]
         cache.check_invariants()
         out.append(rec)
     return out

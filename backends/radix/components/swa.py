@@ -21,17 +21,34 @@ import itertools
 from collections.abc import Callable
 
 import numpy as np
-from prefixcache.backends.radix.adapter import slot_pages
 from prefixcache.backends.radix.events import RadixEventRecorder
+from prefixcache.backends.radix.key import request_key
 from prefixcache.backends.radix.radix_cache import (
     EMPTY_SLOTS,
+    CheckpointInsert,
     InsertParams,
     LockReceipt,
     RadixCache,
+    ReqKV,
     TreeComponent,
 )
-from prefixcache.backends.radix.swa_pool import SWAPagePool
-from prefixcache.backends.radix.tree import SlotArray, TreeNode
+from prefixcache.backends.radix.swa_pool import (
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
+    SWAPagePool,
+    SWAPoolSizes,
+    swa_pool_sizes,
+    swa_window,
+)
+from prefixcache.backends.radix.tree import SlotArray, TreeNode, slot_pages
+
+from prefixcache.config import CacheConfig
+from prefixcache.interface import KVGroup, PageUsage
+from prefixcache.invariants import check_usage, ensure
+from prefixcache.layout import ModelLayout
+from prefixcache.pool import PageIds
+from prefixcache.request import Request
+
+DEFAULT_SWA_EVICTION_INTERVAL = 128  # SGLANG_SWA_EVICTION_INTERVAL
 
 
 def swa_tree(
@@ -125,12 +142,39 @@ class SWALRU:
 
 
 class SWAComponent(TreeComponent):
-    def __init__(self, window: int, pool: SWAPagePool) -> None:
+    free_groups = True
+
+    def __init__(
+        self, window: int, pool: SWAPagePool, eviction_interval: int = DEFAULT_SWA_EVICTION_INTERVAL,
+        sizes: SWAPoolSizes | None = None,
+    ) -> None:
+        """eviction_interval: SGLANG_SWA_EVICTION_INTERVAL, the tokens a decoding request lets
+        slide out of its window before it frees their SWA pages (``maybe_evict_swa``). sizes:
+        the pools' usable tokens, as sized (swa_pool.py)."""
         if window < 1:
             raise ValueError(f"SWA tree needs a positive window, got {window}")
+        interval = eviction_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"swa_eviction_interval must be a positive int, got {eviction_interval!r}")
         self.window = window
         self.pool = pool
+        self.eviction_interval = eviction_interval
+        self.sizes = sizes
         self._next_uuid = 0
+
+    @classmethod
+    def from_config(
+        cls, config: CacheConfig, *, swa_full_tokens_ratio: float | None = None,
+        swa_eviction_interval: int | None = None,
+    ) -> SWAComponent:
+        """The component of a full + sliding-window layout over pools sized as SGLang sizes them
+        (swa_pool.py; ``swa_full_tokens_ratio``: --swa-full-tokens-ratio, 0.8)."""
+        ratio = DEFAULT_SWA_FULL_TOKENS_RATIO if swa_full_tokens_ratio is None else swa_full_tokens_ratio
+        sizes = swa_pool_sizes(config, ratio)
+        p = config.page_size
+        pool = SWAPagePool(sizes.full_tokens // p + 1, sizes.swa_tokens // p + 1, page_size=p)
+        interval = DEFAULT_SWA_EVICTION_INTERVAL if swa_eviction_interval is None else swa_eviction_interval
+        return cls(swa_window(config), pool, interval, sizes)
 
     def reset(self) -> None:
         self.tree.root_node.swa = EMPTY_SLOTS
@@ -343,6 +387,122 @@ class SWAComponent(TreeComponent):
                 self.tree.delete_leaf(x, freed)
             else:
                 self._tombstone(x, freed)
+
+    # ------------------------------------------------------------------ the request side
+    def new_pools(self) -> SWAPagePool:
+        pool = self.pool
+        self.pool = SWAPagePool(pool.full.num_pages, pool.swa.num_pages, page_size=pool.page_size)
+        return self.pool
+
+    def can_take(self, num_pages: int, admit: bool, bonus: int = 0) -> bool:
+        return num_pages <= self.pool.swa.num_free + bonus + self.evictable // self.tree.page_size
+
+    def shortfall(self, demand: int) -> int:
+        return max(0, demand - self.pool.swa.num_free * self.tree.page_size)
+
+    def admit(self, req: Request, live: ReqKV, full_hit: int) -> int:
+        p = self.tree.page_size
+        branching = full_hit // p * p
+        live.branching = branching if branching > live.protected else None
+        return 0
+
+    def slide_span(self, req: Request, live: ReqKV, decode: bool) -> tuple[int, int] | None:
+        """``maybe_evict_swa`` (prepare_for_decode): from the second decode step on, once an
+        interval of tokens slid out of the window."""
+        pre_len = req.num_computed_tokens
+        slid = pre_len - self.window - live.swa_evicted
+        if decode and pre_len > live.prefill_end and slid >= self.eviction_interval:
+            return self._out_of_window(live, pre_len)
+        return None
+
+    def _out_of_window(self, live: ReqKV, pre_len: int) -> tuple[int, int] | None:
+        """``free_swa_out_of_window_slots``' range: the request's own tokens [lo, hi) more than
+        ceil(max(window, page)) tokens behind ``pre_len`` (page-aligned; lo >= the tree-owned
+        prefix), or None when it returns early."""
+        p = self.tree.page_size
+        if pre_len - self.window < live.swa_evicted + 1:
+            return None
+        evicted = max(live.swa_evicted, live.protected)  # swa_dead_lo: the tree's prefix is not ours
+        threshold = pre_len - -(-max(self.window, p) // p) * p
+        return evicted, max(evicted, threshold) // p * p
+
+    def free_span(self, live: ReqKV, span: tuple[int, int]) -> None:
+        lo, hi = span
+        p = self.tree.page_size
+        if hi > lo:
+            self.pool.free_swa(live.pages[lo // p : hi // p])
+        live.swa_evicted = max(lo, hi)
+
+    def free_out_of_window_slots(self, live: ReqKV, pre_len: int) -> None:
+        span = self._out_of_window(live, pre_len)
+        if span is not None:
+            self.free_span(live, span)
+
+    def checkpoint(self, req: Request, live: ReqKV, finished: bool, insert: CheckpointInsert) -> int:
+        """An unfinished request frees what slid out of its window first (measured on the key,
+        as SGLang); one whose full hit ran past its SWA-valid hit inserts only up to there."""
+        computed = req.num_computed_tokens
+        eagle = int(self.tree.is_eagle)  # an EAGLE key of N bigrams spans N + 1 raw tokens
+        branching = -1 if live.branching is None else live.branching
+        branch = live.protected < branching and branching + eagle <= computed
+        cache_len = branching + eagle if branch else computed  # prepare_for_caching_req
+        key = request_key(req)[:cache_len].maybe_to_bigram_view(self.tree.is_eagle)[0]
+        if not finished:
+            self.free_out_of_window_slots(live, len(key) - 1)
+        key = key.page_aligned(self.tree.page_size)
+        if len(key) == 0:
+            return 0
+        insert(live, key, InsertParams(live.protected, live.swa_evicted))
+        if branch:  # cleanup_after_caching_req: the branch is in; free what slid out since
+            live.branching = None
+            if not finished:
+                self.free_out_of_window_slots(live, computed - eagle - 1)
+        return 0
+
+    def release(self, live: ReqKV, own: PageIds) -> PageIds:
+        """The pages whose SWA the request freed go back full-only (``free_full_segment``)."""
+        p = self.tree.page_size
+        dead = max(0, max(live.swa_evicted, live.protected) // p - live.protected // p)
+        self.pool.free_full_only(own[:dead])
+        return own[dead:]
+
+    def check_fits(self, req: Request, new_pages: int) -> None:
+        """A request may outgrow the SWA pool (its old SWA pages are freed as it goes), not one
+        allocation."""
+        usable = self.pool.swa.num_pages - 1
+        if new_pages > usable:
+            raise ValueError(
+                f"request {req.request_id!r} needs {new_pages} new SWA pages at once but the SWA pool "
+                f"holds {usable} usable pages of {self.tree.page_size}"
+            )
+
+    def usage(self) -> PageUsage:
+        free = self.pool.swa.num_free
+        evictable = self.evictable // self.tree.page_size
+        return PageUsage(free, evictable, self.pool.swa.num_pages - 1 - free - evictable)
+
+    def kv_group(self, layout: ModelLayout) -> KVGroup:
+        layers = tuple(i for i, layer in enumerate(layout.layers) if layer.kind == "sliding_window")
+        p = self.tree.page_size
+        return KVGroup("sliding_window", self.window, "swa", p, self.pool.swa.num_pages, layers)
+
+    def page_table_row(self, live: ReqKV) -> list[int]:
+        return self.pool.full_to_swa[live.pages.array()].tolist()  # type: ignore[no-any-return]
+
+    def memory_in_use(self, layout: ModelLayout) -> int:
+        return self.usage().in_use * self.tree.page_size * layout.count("sliding_window")
+
+    def check_requests(self, lives: dict[str, ReqKV]) -> None:
+        check_usage("swa", self.usage(), self.pool.swa.num_pages - 1)
+        tree_swa: set[int] = set()
+        for node in self.tree.iter_nodes():
+            if node.swa is not None:
+                assert node.value is not None
+                tree_swa.update(self.pool.full_to_swa[self._pages(node.value)].tolist())
+        mapped = self.pool.full_to_swa[self.pool.full_to_swa > 0]
+        usable, free = self.pool.swa.num_pages - 1, self.pool.swa.num_free
+        ensure(free + len(mapped) == usable, f"swa pages free {free} + mapped {len(mapped)} != {usable}")
+        ensure(tree_swa <= set(mapped.tolist()), "a tree SWA page is not mapped")
 
     # ------------------------------------------------------------------ inspection
     def check(self) -> None:
