@@ -17,7 +17,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     # pages prepended on their own at page > 1) instead of as one free group.
     "sglang fidelity: SWA frees of one group returned call by call": (
         "backends/radix/backend.py",
-        "        cast(SWAPagePool, self.pool).group_begin()\n        for live in grouped:\n",
+        "        self.pool.group_begin()\n        for live in grouped:\n",
         "        for live in grouped:\n",
     ),
     # Case 6: check_invariants wants a Mamba lock on the root, which SGLang never locks.

@@ -338,12 +338,13 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
         # SGLang's decode path allocates one token per request; more is an extend.
         decode = decoding and num_tokens == 1
         need = max(0, -(-total_tokens // self.page_size) - len(live.pages))
-        span = None if self.component is None else self.component.slide_span(req, live, decode)
+        component = self.component
+        span = None if component is None else component.slide_span(req, live, decode)
         bonus = 0 if span is None else (span[1] - span[0]) // self.page_size
         if not self._can_take(need, admit=False, bonus=bonus):
             return False  # (SGLang would slide the window and then fail: retract)
-        if span is not None:
-            cast(TreeComponent, self.component).free_span(live, span)
+        if component is not None and span is not None:
+            component.free_span(live, span)
         self._take(live, need, num_tokens, decode)
         live.decoding = decoding
         return True
@@ -375,7 +376,7 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
                 self._commit(req, state)
             else:
                 grouped.append(live)
-        cast(SWAPagePool, self.pool).group_begin()
+        self.pool.group_begin()
         for live in grouped:
             self._commit(live.request, live.state)
 
