@@ -47,13 +47,13 @@ MUTANTS = {
     ),
     "batch: a radix in-page decode step taken in place while the pool must evict for it": (
         "backends/radix/backend.py",
-        "        if self.component is not None or total_tokens > len(state.pages) * self.page_size or not self._calm():",  # noqa: E501
-        "        if self.component is not None or total_tokens > len(state.pages) * self.page_size:",
+        "        if not self.plain_decode or total_tokens > len(state.pages) * self.page_size or not self._calm():",  # noqa: E501
+        "        if not self.plain_decode or total_tokens > len(state.pages) * self.page_size:",
     ),
     "batch: a radix decode step past the page boundary taken in place (no page, nothing evicted)": (
         "backends/radix/backend.py",
-        "        if self.component is not None or total_tokens > len(state.pages) * self.page_size or not self._calm():",  # noqa: E501
-        "        if self.component is not None or total_tokens > len(state.pages) * self.page_size + 1:",
+        "        if not self.plain_decode or total_tokens > len(state.pages) * self.page_size or not self._calm():",  # noqa: E501
+        "        if not self.plain_decode or total_tokens > len(state.pages) * self.page_size + 1:",
     ),
     "batch: a radix page-opening step counted twice": (
         "backends/radix/backend.py",

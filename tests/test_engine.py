@@ -269,9 +269,9 @@ def _cache_state(cache: PrefixCache[Any], probes: list[Request]) -> list[object]
 
 def _run_workload(
     name: str, backend: str, page: int, capacity: int, multi_step: bool, clock: Clock | None = None,
-    **options: Any,
+    layout: str | None = None, **options: Any,
 ) -> tuple[Engine, list[object]]:
-    cache = make_cache(backend, CacheConfig(capacity // page, page), **options)
+    cache = make_cache(backend, CacheConfig(capacity // page, page, layout=layout), **options)
     engine = Engine(cache, "fcfs", token_budget=512, multi_step=multi_step, cost_model=clock)
     records = engine.run(make_workload(name, seed=1).generate())
     prompts = [r.prompt_token_ids for r in make_workload(name, seed=1).generate()]
@@ -297,6 +297,26 @@ def test_decode_stretches_change_no_record_and_no_cache_state(
         assert stretched.stretched_steps == 0
     if stepped.decode_tokens:  # deferred decode steps, taken up exactly
         assert stretched.deferred_decode_steps > 0  # (rag's prompts exceed the tight p16 pool)
+
+
+@pytest.mark.parametrize("capacity", [1 << 17, 24_576], ids=["ample", "tight"])  # (one window must fit)
+@pytest.mark.parametrize(("layout", "page"), [("mamba-hybrid", 1), ("gemma3-like", 16)])
+@pytest.mark.parametrize("name", available_workloads())
+def test_hybrid_radix_decode_runs_change_no_record_and_no_cache_state(
+    name: str, layout: str, page: int, capacity: int
+) -> None:
+    """A Mamba decode step takes only its KV slot, so a run of deferred decoders takes its
+    slots at once as FULL's does; an SWA step may first free what slid out of its window, so
+    SWA decoders are not deferred. Either way: the step-by-step engine's records, clock,
+    totals and cache state."""
+    stepped, expected = _run_workload(name, "radix", page, capacity, False, layout=layout)
+    deferred, got = _run_workload(name, "radix", page, capacity, True, layout=layout)
+    assert got == expected
+    assert stepped.deferred_decode_steps == 0
+    if layout == "gemma3-like":
+        assert deferred.deferred_decode_steps == 0
+    elif stepped.decode_tokens:
+        assert deferred.deferred_decode_steps > 0
 
 
 @pytest.mark.parametrize("capacity", [1 << 17, 12_288], ids=["ample", "tight"])

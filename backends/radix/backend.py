@@ -136,8 +136,12 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
             mamba_admission=mamba_admission, marconi_alpha=marconi_alpha, marconi_d_model=marconi_d_model,
         )
         given = {name: value for name, value in mix.items() if value is not None}
-        self.component = self._new_component(eviction_policy, disable, given)
+        self.component = component = self._new_component(eviction_policy, disable, given)
         self.pool = self._new_pools()
+        # A decode step only takes its page (FULL, MAMBA; not an SWA step, which may slide its
+        # window): then a batch's steps are taken in place or together where that is exact.
+        self.plain_decode = component is None or not component.slides_window
+        self.new_page_limit = None if component is None else component.new_page_limit()
         if clock is None:
             clock = time.monotonic if self.component is None else itertools.count().__next__
         self.tree = self._new_tree(eviction_policy, clock, disable)
@@ -226,10 +230,15 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
 
     def _check_fits(self, req: Request, total_tokens: int) -> None:
         super()._check_fits(req, total_tokens)
-        if self.component is not None:
+        limit, need = self.new_page_limit, -(-total_tokens // self.page_size)
+        if limit is not None and need > limit:
             live = self._live.get(req.request_id)
-            held = len(live.state.pages) if live is not None and live.request is req else 0
-            self.component.check_fits(req, -(-total_tokens // self.page_size) - held)
+            new = need - (len(live.state.pages) if live is not None and live.request is req else 0)
+            if new > limit:
+                raise ValueError(
+                    f"request {req.request_id!r} needs {new} new pages at once but the pool of "
+                    f"{type(self.component).__name__} holds {limit} usable pages"
+                )
 
     # ------------------------------------------------------------------ pages
     def _slots(self, pages: PageIds) -> SlotArray:
@@ -339,7 +348,7 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
         decode = decoding and num_tokens == 1
         need = max(0, -(-total_tokens // self.page_size) - len(live.pages))
         component = self.component
-        span = None if component is None else component.slide_span(req, live, decode)
+        span = component.slide_span(req, live, decode) if component is not None and decode else None
         bonus = 0 if span is None else (span[1] - span[0]) // self.page_size
         if not self._can_take(need, admit=False, bonus=bonus):
             return False  # (SGLang would slide the window and then fail: retract)
@@ -498,9 +507,7 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
         self.pool = self._new_pools()
         self.tree.reset()
 
-    # ------------------------------------------------------------------ decode steps
-    # FULL alone: a decode step only takes its page (SWA's may slide its window), so a batch's
-    # steps are taken in place or together where that is exact.
+    # ------------------------------------------------------------------ decode steps (plain_decode)
     def _page_table(self, req: Request, state: ReqKV) -> list[int]:
         return state.pages.tolist()
 
@@ -515,7 +522,7 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
         req, state = live.request, live.state
         if total_tokens != req.num_computed_tokens + 1 or req.num_computed_tokens < state.prefill_end:
             return False
-        if self.component is not None or total_tokens > len(state.pages) * self.page_size or not self._calm():
+        if not self.plain_decode or total_tokens > len(state.pages) * self.page_size or not self._calm():
             return False
         state.decoding = True
         return True
@@ -527,7 +534,7 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
         that each open a page takes its pages in one ``alloc`` while calm, front of the free
         list first, as the one-by-one allocations would (SGLang allocates the decode batch's
         ``out_cache_loc`` at once)."""
-        if num_new_tokens != 1 or self.component is not None:
+        if num_new_tokens != 1 or not self.plain_decode:
             return super()._extend_batch(records, num_new_tokens, evicted)
         k, count = 0, len(records)
         while k < count:
@@ -562,12 +569,12 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
         """A decode step inside the last page takes no page; ``_in_place_now`` says when it
         changes nothing else. (Past the reservation it counts the pages ``take_decode_pages``
         appended, at page size 1 the only room there is.)"""
-        if not state.decoding or self.component is not None:
+        if not state.decoding or not self.plain_decode:
             return 0
         return len(state.pages) * self.page_size - req.num_computed_tokens
 
     def _takes_decode_pages(self) -> bool:
-        return self.component is None
+        return self.plain_decode
 
     def _take_decode_pages(self, records: list[LiveRequest[ReqKV]], calm_after: bool) -> bool:
         """Page-opening decode steps taken as ``_extend_batch`` takes a run of them while calm

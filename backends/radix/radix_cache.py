@@ -176,6 +176,7 @@ class TreeComponent(ABC):
     # component's pool, called by the adapter (backend.py) for every request.
     eviction_order: EvictionOrder | None = None  # an order for both phases (Marconi), or the policy's
     free_groups = False  # a batch's frees go back as one group (process_batch_result)
+    slides_window = False  # a decode step may first free what slid out of a window (``slide_span``)
 
     @abstractmethod
     def new_pools(self) -> PagePool | SWAPagePool:
@@ -212,8 +213,8 @@ class TreeComponent(ABC):
         """A released request's own part; returns what of ``own`` the caller frees as usual."""
         return own
 
-    def check_fits(self, req: Request, new_pages: int) -> None:
-        """ValueError if an allocation of ``new_pages`` pages can never fit its pool."""
+    def new_page_limit(self) -> int | None:
+        """The most pages one allocation can take from its pool (None: the full pool's bound)."""
         return None
 
     @abstractmethod

@@ -143,6 +143,7 @@ class SWALRU:
 
 class SWAComponent(TreeComponent):
     free_groups = True
+    slides_window = True
 
     def __init__(
         self, window: int, pool: SWAPagePool, eviction_interval: int = DEFAULT_SWA_EVICTION_INTERVAL,
@@ -466,15 +467,10 @@ class SWAComponent(TreeComponent):
         self.pool.free_full_only(own[:dead])
         return own[dead:]
 
-    def check_fits(self, req: Request, new_pages: int) -> None:
+    def new_page_limit(self) -> int:
         """A request may outgrow the SWA pool (its old SWA pages are freed as it goes), not one
         allocation."""
-        usable = self.pool.swa.num_pages - 1
-        if new_pages > usable:
-            raise ValueError(
-                f"request {req.request_id!r} needs {new_pages} new SWA pages at once but the SWA pool "
-                f"holds {usable} usable pages of {self.tree.page_size}"
-            )
+        return self.pool.swa.num_pages - 1
 
     def usage(self) -> PageUsage:
         free = self.pool.swa.num_free
