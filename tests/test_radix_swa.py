@@ -220,6 +220,21 @@ def test_page_tables_read_zero_where_the_swa_left_the_window() -> None:
     cache.check_invariants()
 
 
+def test_evicting_swa_counts_the_full_kv_of_the_leaves_it_deletes() -> None:
+    """An SWA eviction that deletes an unlocked leaf drops its full KV too: ``stats.evicted_tokens``
+    counts those tokens (a tombstone drops none), as for every other eviction."""
+    cache = make_cache("radix", CacheConfig(400, 4, layout=SWA4 * 2))
+    r = Request("r", list(range(1, 41)))
+    run(cache, r)
+    cache.release(r)
+    before = cache.usage().evictable
+    assert before > 0 and cache.stats.evicted_tokens == 0
+    assert cache.evict_component(10**6) > 0
+    deleted = (before - cache.usage().evictable) * 4
+    assert deleted > 0 and cache.stats.evicted_tokens == deleted
+    cache.check_invariants()
+
+
 def test_a_request_hits_only_where_the_window_rule_holds() -> None:
     cache = make_cache("radix", CacheConfig(64, 1, layout=SWA4))
     a = Request("a", list(range(1, 21)))

@@ -348,7 +348,7 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
         decode = decoding and num_tokens == 1
         need = max(0, -(-total_tokens // self.page_size) - len(live.pages))
         component = self.component
-        span = component.slide_span(req, live, decode) if component is not None and decode else None
+        span = None if component is None else component.slide_span(req, live, decode)
         bonus = 0 if span is None else (span[1] - span[0]) // self.page_size
         if not self._can_take(need, admit=False, bonus=bonus):
             return False  # (SGLang would slide the window and then fail: retract)
@@ -648,7 +648,8 @@ class RadixPrefixCache(PrefixCache[ReqKV]):
         ensure(0 not in tree_set, "the tree holds reserved page 0")
         self._check_request_pages(tree_set, set(self.pool.free_page_ids().tolist()))
         if self.component is not None:
-            self.component.check_requests({rid: record.state for rid, record in self._live.items()})
+            lives = {rid: record.state for rid, record in self._live.items()}
+            self.component.check_requests(lives, tree_set)
 
     def _check_request_pages(self, tree_pages: set[int], free: set[int]) -> None:
         """Every usable page is free, the tree's, or one live request's own: a request's first

@@ -234,8 +234,9 @@ class TreeComponent(ABC):
         """Its pinned units, in layer-token units."""
 
     @abstractmethod
-    def check_requests(self, lives: dict[str, ReqKV]) -> None:
-        """InvariantError unless its pool and the live requests' parts (by id) agree."""
+    def check_requests(self, lives: dict[str, ReqKV], tree_pages: set[int]) -> None:
+        """InvariantError unless its pool and the live requests' parts (by id) agree;
+        ``tree_pages``: the full-pool pages the tree holds (checked by the caller)."""
 
 
 class RadixCache:

@@ -341,13 +341,13 @@ class MambaComponent(TreeComponent):
         nodes = self.tree.iter_nodes()
         return sorted((self.depth(node), node.mamba) for node in nodes if node.mamba is not None)
 
-    def check_requests(self, lives: dict[str, ReqKV]) -> None:
+    def check_requests(self, lives: dict[str, ReqKV], tree_pages: set[int]) -> None:
+        """Also: a request's own KV slots (page size 1: pages) are none of the tree's."""
         check_usage("state", self.usage(), self.states.num_pages - 1)
         self.states.check()
         held = [node.mamba for node in self.tree.iter_nodes() if node.mamba is not None]
         tree_states = set(held)
         ensure(len(tree_states) == len(held) and 0 not in tree_states, "a state slot held twice by the tree")
-        tree_kv = {int(s) for node in self.tree.iter_nodes() if node.value is not None for s in node.value}
         own: list[int] = []
         for rid, live in lives.items():
             # SGLang's acquire_component_lock skips the root: a request admitted with hit 0
@@ -359,7 +359,8 @@ class MambaComponent(TreeComponent):
                 np.array_equal(self.tree.path_indices(node), live.pages[: live.protected]),
                 f"{rid!r}: its protected prefix is not its locked node's path",
             )
-            ensure(not set(live.pages[live.protected :].tolist()) & tree_kv, f"{rid!r} owns a tree KV slot")
+            own_kv = set(live.pages[live.protected :].tolist())
+            ensure(not own_kv & tree_pages, f"{rid!r} owns a tree KV slot")
             ensure(live.state > 0, f"{rid!r} holds no state slot")
             own.append(live.state)
         ensure(len(set(own)) == len(own) and not set(own) & tree_states, "a state slot owned twice")

@@ -488,7 +488,7 @@ class SWAComponent(TreeComponent):
     def memory_in_use(self, layout: ModelLayout) -> int:
         return self.usage().in_use * self.tree.page_size * layout.count("sliding_window")
 
-    def check_requests(self, lives: dict[str, ReqKV]) -> None:
+    def check_requests(self, lives: dict[str, ReqKV], tree_pages: set[int]) -> None:
         check_usage("swa", self.usage(), self.pool.swa.num_pages - 1)
         tree_swa: set[int] = set()
         for node in self.tree.iter_nodes():
