@@ -577,6 +577,8 @@ class Engine:
             for req in opening:
                 first = deferred[req.request_id][0]
                 wake = min(now + page, self._finishing_step(req, first))
+                # a wake at this step or before would never come: the decoder deferred for ever
+                assert wake > now, f"{req.request_id!r} deferred again at step {now} to wake at {wake}"
                 deferred[req.request_id] = (first, wake)
                 self._take_up_at.setdefault(wake, []).append(req)
         return True

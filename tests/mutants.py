@@ -254,10 +254,20 @@ def all_mutants() -> dict[str, tuple[str, str, str, list[str]]]:
     return out
 
 
-def run_suites(suites: list[str]) -> bool:
+# The slowest caught mutant takes about 4 minutes on 2 cores; a suite still running long past
+# that is taken to hang (a mutant that loops for ever), and counts as not caught: look at it.
+SUITE_TIMEOUT_S = 1800
+
+
+def run_suites(suites: list[str]) -> bool | None:
+    """Whether the suites pass (True: the mutant survived); None if they ran past the timeout."""
     env = dict(os.environ, HYPOTHESIS_PROFILE="ci", TRITON_INTERPRET="1")
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *suites]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True).returncode == 0
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=SUITE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None
+    return done.returncode == 0
 
 
 def why_stale(rel: str, original: str, mutated: str) -> str | None:
@@ -310,10 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         source = path.read_text()
         try:
             path.write_text(source.replace(original, mutated))
-            caught = not run_suites(suites)
+            passed = run_suites(suites)
         finally:
             path.write_text(source)
-        print(f"{'caught  ' if caught else 'SURVIVED'}  {name}")
+        caught = passed is False
+        print(f"{'caught  ' if caught else 'SURVIVED' if passed else 'TIMEOUT '}  {name}")
         if not caught:
             survivors.append(name)
     print(f"{len(mutants) - len(survivors)} of {len(mutants)} mutants caught")

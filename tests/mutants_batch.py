@@ -8,6 +8,7 @@ SUITES = [
     "tests/test_engine.py::test_decode_stretches_change_no_record_and_no_cache_state",
     "tests/test_engine.py::test_deferred_decode_steps_change_nothing_with_a_host_tier",
     "tests/test_engine.py::test_deferred_decoders_past_the_budget_wait_as_one_by_one",
+    "tests/test_engine.py::test_no_decode_step_is_deferred_while_the_cache_says_none_is_in_place",
     "tests/test_engine.py::test_num_tokens_now_is_the_length_stepping_one_by_one_gives",
     "tests/test_radix_pool.py",
     "tests/test_hashchain_block_pool.py",
@@ -112,7 +113,7 @@ MUTANTS = {
         "                if end - i <= budget and self._serve_deferred_run(i, end):",
         "                if self._serve_deferred_run(i, end):",
     ),
-    "engine: deferred decoders served while the cache is not in place (a radix decode evicts)": (
+    "engine: deferred decoders served while the cache is not in place (its host tier busy)": (
         "prefixcache/engine.py",
         "        return self.cache.decode_in_place_now()\n",
         "        return True\n",

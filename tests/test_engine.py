@@ -365,6 +365,23 @@ def test_deferred_decode_steps_change_nothing_with_a_host_tier(name: str, tier: 
     assert deferred.deferred_decode_steps > 0
 
 
+@pytest.mark.parametrize("name", ["prefix-repetition", "react-agent", "tree-of-thought"])
+def test_no_decode_step_is_deferred_while_the_cache_says_none_is_in_place(name: str) -> None:
+    """vLLM's offload of output blocks (``offload_prompt_only=False``) keeps its tier busy at
+    every step, so hashchain never says a decode step is in place: the engine, which may defer
+    a decoder only while the cache says so (``decode_in_place_now``), must step every decoder
+    one by one, and give the step-by-step records. (Deferring them anyway happens to leave the
+    same records here: the in-place steps store nothing. The count is what tells.)"""
+    from prefixcache.tiers import HostTierConfig
+
+    host = HostTierConfig(capacity_tokens=1 << 15, offload_prompt_only=False)
+    stepped, expected = _run_workload(name, "hashchain", 16, 12_288, False, host_tier=host)
+    deferred, got = _run_workload(name, "hashchain", 16, 12_288, True, host_tier=host)
+    assert got == expected
+    assert stepped.decode_tokens > 0
+    assert deferred.deferred_decode_steps == 0
+
+
 @pytest.mark.parametrize("rest", [5, 40], ids=["some-starve", "all-starve"])
 def test_deferred_decoders_past_the_budget_wait_as_one_by_one(rest: int) -> None:
     """A step whose budget runs out before every decoder is served: the decoders past it
