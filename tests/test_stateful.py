@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -70,7 +71,11 @@ class CacheLifecycle(Lifecycle):
 
     def start(self) -> None:
         config = CacheConfig(self.capacity_pages * self.page_size, self.page_size)
-        self.cache = make_cache(self.backend, config, **self.options)
+        options = dict(self.options)
+        if self.backend == "radix":  # logical time, as hashchain's pool keeps it: wa reads the
+            # gaps between stamps, and on the wall clock a replayed example evicted otherwise
+            options.setdefault("clock", itertools.count().__next__)
+        self.cache = make_cache(self.backend, config, **options)
         self.shadows = [ShadowKV(self.page_size)]
 
     def more_state(self) -> tuple:
